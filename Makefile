@@ -1,0 +1,38 @@
+# Every target creates its own virtual environment; nothing is assumed installed
+# but a Python >= 3.12 (found below, override with `make PYTHON=/path/to/python3.12`).
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3 \
+	$$(command -v pyenv >/dev/null 2>&1 && ls -d $$(pyenv root)/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV); do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; done)
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: test demo bench lint services clean
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "No Python >= 3.12 found: install one or run 'make PYTHON=/path/to/python3.12'"; exit 1; }
+	scripts/system-packages.sh
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[postgres,mysql,test]'
+	touch $(STAMP)
+
+services:
+	scripts/services.sh
+
+test: $(STAMP) services
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check django_dbworker tests example_project benchmarks
+
+demo: $(STAMP)
+	$(BIN)/python example_project/demo.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build dist *.egg-info

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class DBWorkerConfig(AppConfig):
+    name = "django_dbworker"
+    verbose_name = "Background work"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .discovery import discover_workers
+        from .installation import install_after_migrate
+
+        discover_workers()
+        # After every migrate: triggers for each registered worker, backfill, clean-up.
+        post_migrate.connect(install_after_migrate, sender=self)

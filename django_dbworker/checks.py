@@ -1,0 +1,78 @@
+"""System checks for the DBWORKER settings (ids django_dbworker.E001 ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, register
+
+from .conf import DEFAULTS
+from .vendors import VENDORS
+
+ID = "django_dbworker.{}"
+NUMBER_KEYS = ("LEASE_SECONDS", "POLL_SECONDS", "MAX_POLL_SECONDS")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    user = getattr(settings, "DBWORKER", {})
+    if not isinstance(user, dict):
+        return [Error("DBWORKER must be a dict.", hint='e.g. DBWORKER = {"LEASE_SECONDS": 30}',
+                      id=ID.format("E001"))]
+    errors = []
+    for key in sorted(set(user) - set(DEFAULTS)):
+        errors.append(Error(f"DBWORKER has an unknown key {key!r}.",
+                            hint=f"Known keys: {', '.join(DEFAULTS)}.", id=ID.format("E002")))
+    cfg = {**DEFAULTS, **user}
+    alias = cfg["DATABASE"]
+    if alias not in settings.DATABASES:
+        errors.append(Error(f"DBWORKER['DATABASE'] is {alias!r}, which is not in DATABASES.",
+                            hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                            id=ID.format("E003")))
+    for key in NUMBER_KEYS:
+        if not _positive(cfg[key]):
+            errors.append(Error(f"DBWORKER[{key!r}] must be a number of seconds > 0, "
+                                f"got {cfg[key]!r}.",
+                                hint=f"e.g. {key}: {DEFAULTS[key]}", id=ID.format("E004")))
+    if all(_positive(cfg[k]) for k in NUMBER_KEYS) and cfg["POLL_SECONDS"] > cfg["MAX_POLL_SECONDS"]:
+        errors.append(Error("DBWORKER['POLL_SECONDS'] is larger than MAX_POLL_SECONDS.",
+                            hint="Make MAX_POLL_SECONDS >= POLL_SECONDS.", id=ID.format("E005")))
+    modules = cfg["WORKER_MODULES"]
+    if modules is not None and (
+        isinstance(modules, str) or not all(isinstance(m, str) for m in modules)
+    ):
+        errors.append(Error("DBWORKER['WORKER_MODULES'] must be a list of module paths or None.",
+                            hint='e.g. ["documents.workers"]; None autodiscovers workers.py.',
+                            id=ID.format("E006")))
+    if not isinstance(cfg["ENGINE_OPTIONS"], dict):
+        errors.append(Error("DBWORKER['ENGINE_OPTIONS'] must be a dict of SQLAlchemy "
+                            "create_engine() options.", hint='e.g. {"pool_size": 5}',
+                            id=ID.format("E007")))
+    if alias in settings.DATABASES:
+        errors.extend(_check_database(alias, settings.DATABASES[alias]))
+    if not settings.USE_TZ:
+        errors.append(Error("django-dbworker needs USE_TZ = True: leases are compared in UTC "
+                            "on the database clock.", hint="Set USE_TZ = True in settings.",
+                            id=ID.format("E010")))
+    return errors
+
+
+def _check_database(alias: str, db: dict[str, Any]) -> list[Error]:
+    engine = db.get("ENGINE", "")
+    vendor = {"postgresql": "postgresql", "mysql": "mysql", "sqlite3": "sqlite"}.get(
+        engine.rsplit(".", 1)[-1])
+    if vendor not in VENDORS:
+        return [Error(f"DATABASES[{alias!r}] uses {engine!r}, which django-dbworker does not "
+                      "support.", hint="Use PostgreSQL 13+, MySQL 8.0.1+, MariaDB 10.6+ or a "
+                      "file-backed SQLite.", id=ID.format("E008"))]
+    name = str(db.get("NAME") or "")
+    if vendor == "sqlite" and (name in ("", ":memory:") or "mode=memory" in name):
+        return [Error(f"DATABASES[{alias!r}] is an in-memory SQLite database, which child "
+                      "processes cannot share.", hint="Set NAME to a file path, e.g. "
+                      "BASE_DIR / 'db.sqlite3'.", id=ID.format("E009"))]
+    return []

@@ -1,0 +1,39 @@
+"""The ``DBWORKER`` settings dict, with its defaults in one place.
+
+Read through :func:`get`, cached and cleared on ``setting_changed`` so that
+``override_settings(DBWORKER=...)`` works in tests.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    "DATABASE": "default",
+    "LEASE_SECONDS": 30.0,
+    "POLL_SECONDS": 0.25,
+    "MAX_POLL_SECONDS": 10.0,
+    "WORKER_MODULES": None,  # None: autodiscover `workers` in every installed app
+    "ENGINE_OPTIONS": {},
+}
+
+
+@cache
+def get() -> dict[str, Any]:
+    user = getattr(settings, "DBWORKER", None) or {}
+    return {**DEFAULTS, **user} if isinstance(user, dict) else dict(DEFAULTS)
+
+
+def value(key: str) -> Any:
+    return get()[key]
+
+
+@receiver(setting_changed)
+def _clear(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DBWORKER":
+        get.cache_clear()

@@ -1,0 +1,95 @@
+"""``manage.py runworkers``: parses arguments, hands over to a Coordinator."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbworker.coordinator import Coordinator
+from django_dbworker.registry import UnknownWorker
+from django_dbworker.vendors import UnsupportedDatabase
+
+LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def concurrency_pair(text: str) -> tuple[str, int]:
+    name, sep, number = text.partition("=")
+    if not sep or not number.isdigit() or int(number) < 1:
+        raise ValueError(text)
+    return name, int(number)
+
+
+class Command(BaseCommand):
+    help = "Claim and run background work for the registered workers until stopped."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--worker", action="append", dest="workers", metavar="NAME",
+                            help="Run only this worker (repeatable). Default: all registered.")
+        parser.add_argument("--concurrency", action="append", default=[], metavar="NAME=N",
+                            type=concurrency_pair,
+                            help="Override a worker's concurrency, e.g. --concurrency ocr=4.")
+        parser.add_argument("--drain", action="store_true",
+                            help="Exit once this process's handlers are done and nothing is "
+                                 "claimable.")
+        parser.add_argument("--shutdown-timeout", type=float, default=None, metavar="SECONDS",
+                            help="After a first SIGTERM/SIGINT, wait this long for running "
+                                 "handlers before terminating them (default: wait).")
+        parser.add_argument("--status-interval", type=float, default=60.0, metavar="SECONDS",
+                            help="Log a status line this often (default 60).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        try:
+            coordinator = Coordinator(
+                options["workers"],
+                concurrency=dict(options["concurrency"]),
+                shutdown_timeout=options["shutdown_timeout"],
+                status_interval=options["status_interval"],
+            )
+            if options["drain"]:
+                with self._signals(coordinator):
+                    stats = coordinator.drain()
+                self.stdout.write(f"Drained: {coordinator._stats_line()}")
+                if stats["lost"] or stats["crashed"]:
+                    self.stderr.write("Some claims were lost or children crashed; see the log.")
+            else:
+                with self._signals(coordinator):
+                    coordinator.run()
+        except (ImproperlyConfigured, UnknownWorker, UnsupportedDatabase) as exc:
+            raise CommandError(str(exc)) from None
+
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("django_dbworker")
+        logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logger.addHandler(handler)
+
+    class _signals:
+        """First SIGTERM/SIGINT: graceful stop; second: terminate. Restores the previous
+        handlers on exit."""
+
+        def __init__(self, coordinator: Coordinator) -> None:
+            self.coordinator = coordinator
+            self.previous: dict[int, Any] = {}
+
+        def __enter__(self) -> None:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+        def _handle(self, signum: int, frame: Any) -> None:
+            logging.getLogger("django_dbworker.coordinator").warning(
+                "Received %s%s", signal.Signals(signum).name,
+                ": terminating handlers" if self.coordinator._stopping else
+                ": finishing running handlers (send again to terminate them)")
+            self.coordinator.request_stop()
+
+        def __exit__(self, *exc: Any) -> None:
+            for sig, handler in self.previous.items():
+                signal.signal(sig, handler)

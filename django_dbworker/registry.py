@@ -1,0 +1,221 @@
+"""Registration: ``@worker`` records which handler works on which model's rows."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models
+
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
+# Trigger and function names embed the worker name; 63 is PostgreSQL's identifier limit.
+MAX_NAME_LENGTH = 40
+OPTIONS = {
+    # name: (check, what a valid value is)
+    "max_attempts": (lambda v: v is None or (isinstance(v, int) and v >= 1), "an int >= 1"),
+    "retry_backoff": (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0,
+        "a number of seconds >= 0",
+    ),
+    "timeout": (
+        lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v > 0),
+        "a number of seconds > 0",
+    ),
+    "max_tasks_per_child": (lambda v: v is None or (isinstance(v, int) and v >= 1), "an int >= 1"),
+}
+
+
+class UnknownWorker(KeyError):  # a LookupError, as KeyError is one
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(eq=False)
+class Worker:
+    name: str
+    source: type[models.Model]
+    handler: Callable[[Any], Any]
+    eligible: Callable[[], models.QuerySet[Any]] | None = None
+    concurrency: int = 1
+    max_attempts: int | None = None  # None: a failure is final until reset_failed()
+    retry_backoff: float = 10.0  # seconds before the first retry; doubles per attempt
+    timeout: float | None = None
+    max_tasks_per_child: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def handler_path(self) -> str:
+        return f"{self.handler.__module__}:{self.handler.__qualname__}"
+
+    @property
+    def table(self) -> str:
+        return self.source._meta.db_table
+
+    @property
+    def pk_field(self) -> models.Field[Any, Any]:
+        return self.source._meta.pk  # type: ignore[return-value]
+
+    def eligible_queryset(self) -> models.QuerySet[Any]:
+        """The eligibility QuerySet, evaluated anew (it is called before every claim)."""
+        if self.eligible is None:
+            return self.source._default_manager.all()
+        qs = self.eligible()
+        if not isinstance(qs, models.QuerySet):
+            raise ImproperlyConfigured(
+                f"Worker {self.name!r}: eligible() returned {type(qs).__name__}, not a QuerySet. "
+                f"Return e.g. {self.source.__name__}.objects.filter(...)."
+            )
+        if qs.model._meta.concrete_model is not self.source._meta.concrete_model:
+            raise ImproperlyConfigured(
+                f"Worker {self.name!r}: eligible() returned a QuerySet of "
+                f"{qs.model.__name__}, but the worker's source is {self.source.__name__}. "
+                f"Return {self.source.__name__}.objects.filter(...)."
+            )
+        if qs.query.is_sliced:
+            raise ImproperlyConfigured(
+                f"Worker {self.name!r}: eligible() must not be sliced; the claim takes "
+                "as many rows as there are free children."
+            )
+        return qs
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} on {self.source._meta.label} -> {self.handler_path}>"
+
+
+class Registry(Mapping[str, Worker]):
+    """Registered workers by name. ``registry["ocr"]`` names the known workers when it fails."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, Worker] = {}
+
+    def __getitem__(self, name: str) -> Worker:
+        try:
+            return self._workers[name]
+        except (KeyError, TypeError):
+            known = ", ".join(sorted(self._workers)) or "none"
+            raise UnknownWorker(
+                f"No worker named {name!r}. Registered workers: {known}. Workers register "
+                "with @worker(name=...) in a workers.py module of an installed app."
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def register(self, w: Worker) -> Worker:
+        existing = self._workers.get(w.name)
+        if existing is not None:
+            if existing.handler_path == w.handler_path:
+                # The same module imported again (autoreload, a test re-import): not a clash.
+                self._workers[w.name] = w
+                return w
+            raise ImproperlyConfigured(
+                f"Two workers are named {w.name!r}: {existing.handler_path} and "
+                f"{w.handler_path}. Give one of them another name=."
+            )
+        self._workers[w.name] = w
+        return w
+
+    def unregister(self, name: str) -> None:
+        self._workers.pop(name, None)
+
+
+registry = Registry()
+
+
+def validate(
+    *,
+    name: Any,
+    source: Any,
+    handler: Any,
+    eligible: Any,
+    concurrency: Any,
+    options: dict[str, Any],
+) -> None:
+    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > MAX_NAME_LENGTH:
+        raise ImproperlyConfigured(
+            f"Worker name {name!r} is invalid: use lowercase letters, digits and underscores, "
+            f"starting with a letter, at most {MAX_NAME_LENGTH} characters (e.g. 'ocr')."
+        )
+    if not (isinstance(source, type) and issubclass(source, models.Model)):
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: source must be a Django model class, got {source!r}."
+        )
+    if source._meta.abstract:
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: source {source.__name__} is abstract; use a concrete model."
+        )
+    pk = source._meta.pk
+    if pk is None or len(getattr(pk, "fields", ())) > 1 or type(pk).__name__ == "CompositePrimaryKey":
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: source {source.__name__} must have exactly one primary-key "
+            "column (int, big int, UUID or string), not a composite key."
+        )
+    if not callable(handler):
+        raise ImproperlyConfigured(f"Worker {name!r}: the handler must be a function.")
+    qualname = getattr(handler, "__qualname__", "")
+    if "<locals>" in qualname or "<lambda>" in qualname or not qualname:
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: handler {qualname or handler!r} is nested or a lambda; children "
+            "import handlers by name, so define it at module level (e.g. in workers.py)."
+        )
+    if eligible is not None and not callable(eligible):
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: eligible must be a callable returning a QuerySet "
+            f"(e.g. lambda: {source.__name__}.objects.filter(...)), got {eligible!r}."
+        )
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: concurrency must be an int >= 1, got {concurrency!r}."
+        )
+    for key, val in options.items():
+        if key not in OPTIONS:
+            raise ImproperlyConfigured(
+                f"Worker {name!r}: unknown option {key!r}. Known options: "
+                f"{', '.join(sorted(OPTIONS))}."
+            )
+        check, wanted = OPTIONS[key]
+        if not check(val):
+            raise ImproperlyConfigured(
+                f"Worker {name!r}: {key} must be {wanted}, got {val!r}."
+            )
+
+
+def worker(
+    *,
+    name: str,
+    source: type[models.Model],
+    eligible: Callable[[], models.QuerySet[Any]] | None = None,
+    concurrency: int = 1,
+    registry: Registry = registry,
+    **options: Any,
+) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+    """Register the decorated function as the handler for rows of ``source``.
+
+    Returns the function unchanged. Options: ``max_attempts`` (retry failures with
+    exponential back-off), ``retry_backoff`` (first delay in seconds), ``timeout``
+    (seconds; the child is killed past it), ``max_tasks_per_child`` (recycle children).
+    """
+    # Check the arguments now, so a bad registration fails even before decoration.
+    validate(name=name, source=source, handler=_placeholder, eligible=eligible,
+             concurrency=concurrency, options=options)
+
+    def decorate(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        validate(name=name, source=source, handler=fn, eligible=eligible,
+                 concurrency=concurrency, options=options)
+        registry.register(
+            Worker(name=name, source=source, handler=fn, eligible=eligible,
+                   concurrency=concurrency, options=dict(options), **options)
+        )
+        return fn
+
+    return decorate
+
+
+def _placeholder(obj: Any) -> None:  # lets bad arguments fail before a function is given
+    return None

@@ -1,0 +1,82 @@
+"""Test settings: the database comes from DBWORKER_TEST_DB (sqlite, postgres or mysql).
+
+Server URLs default to the local servers and can be changed with
+DBWORKER_TEST_POSTGRES_URL and DBWORKER_TEST_MYSQL_URL.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
+POSTGRES_URL = os.environ.get("DBWORKER_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("DBWORKER_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+SQLITE_DIR = Path(os.environ.get("DBWORKER_TEST_SQLITE_DIR", tempfile.gettempdir()))
+
+
+def from_url(url: str, engine: str) -> dict:
+    parts = urlsplit(url)
+    return {
+        "ENGINE": engine,
+        "NAME": parts.path.lstrip("/"),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+    }
+
+
+if DB == "postgres":
+    default = from_url(POSTGRES_URL, "django.db.backends.postgresql")
+elif DB == "mysql":
+    default = from_url(MYSQL_URL, "django.db.backends.mysql")
+    default["OPTIONS"] = {"charset": "utf8mb4"}
+    default["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+elif DB == "sqlite":
+    # File-backed: children are other processes and must see the same database.
+    default = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(SQLITE_DIR / f"dbworker-{os.getpid()}.sqlite3"),
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+        "TEST": {"NAME": str(SQLITE_DIR / f"dbworker-test-{os.getpid()}.sqlite3")},
+    }
+else:
+    raise RuntimeError(f"DBWORKER_TEST_DB={DB!r}: use sqlite, postgres or mysql")
+
+DATABASES = {"default": default}
+SECRET_KEY = "tests-only"
+USE_TZ = True
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_dbworker",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Short leases and polls keep the tests that wait for a lease to expire quick.
+DBWORKER = {"LEASE_SECONDS": 3, "POLL_SECONDS": 0.05, "MAX_POLL_SECONDS": 0.5}

@@ -1,0 +1,90 @@
+"""Workers the tests drive. Behaviour is data-driven (children import these by name)."""
+
+import os
+import time
+
+from django.db import transaction
+
+from django_dbworker import ExecutionStatus, Finished, Unfinished, has_execution_status, worker
+
+from .models import Document, Effect, Tag, UuidItem
+
+
+def effect(name: str, key) -> None:
+    Effect.objects.create(worker=name, source_id=str(key), pid=os.getpid())
+
+
+@worker(name="docs", source=Document, concurrency=2,
+        eligible=lambda: Document.objects.filter(uploaded=True))
+def handle_document(doc: Document):
+    b = doc.behaviour
+    if b.startswith("sleep:"):
+        time.sleep(float(b.split(":")[1]))
+    if b == "fail":
+        effect("docs", doc.pk)  # rolled back with the failure
+        raise ValueError(f"cannot handle document {doc.pk}")
+    if b == "commit":
+        effect("docs", doc.pk)
+        transaction.commit()
+    if b == "wrong_return":
+        effect("docs", doc.pk)
+        return "done"
+    if b == "crash":
+        os._exit(3)
+    if b == "crash_once" and not Effect.objects.filter(worker="crash_marker", source_id=str(doc.pk)).exists():
+        # Leave a marker outside this transaction, then die mid-handler.
+        from django.db import connections
+        with connections["default"].cursor():
+            pass
+        Effect.objects.create(worker="crash_marker", source_id=str(doc.pk))
+        transaction.on_commit(lambda: None)
+        os._exit(4)
+    if b.startswith("steps:"):
+        doc.steps += 1
+        doc.save(update_fields=["steps"])
+        if doc.steps < int(b.split(":")[1]):
+            return Unfinished()
+    effect("docs", doc.pk)
+    doc.text = f"handled {doc.pk}"
+    doc.save(update_fields=["text"])
+    return Finished()
+
+
+@worker(name="summaries", source=Document,
+        eligible=lambda: Document.objects.filter(has_execution_status("docs", ExecutionStatus.FINISHED)))
+def summarize(doc: Document):
+    effect("summaries", doc.pk)
+    return Finished()
+
+
+@worker(name="ordered_desc", source=Document,
+        eligible=lambda: Document.objects.filter(uploaded=True).order_by("-priority", "id"))
+def ordered_desc(doc: Document):
+    effect("ordered_desc", doc.pk)
+    return Finished()
+
+
+@worker(name="by_author", source=Document,
+        eligible=lambda: Document.objects.filter(author__isnull=False).order_by("-author__rank", "id"))
+def by_author(doc: Document):
+    effect("by_author", doc.pk)
+    return Finished()
+
+
+@worker(name="uuids", source=UuidItem)
+def handle_uuid(item: UuidItem):
+    effect("uuids", item.pk)
+    return Finished()
+
+
+@worker(name="tags", source=Tag)
+def handle_tag(tag: Tag):
+    effect("tags", tag.pk)
+    return Finished()
+
+
+@worker(name="retrying", source=Tag, max_attempts=3, retry_backoff=0.01,
+        eligible=lambda: Tag.objects.filter(slug__startswith="retry"))
+def retrying(tag: Tag):
+    effect("retrying", tag.pk)
+    raise RuntimeError("always fails")
