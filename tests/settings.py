@@ -39,13 +39,17 @@ elif DB == "sqlite":
     # File-backed: children are other processes and must see the same database.
     default = {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": str(SQLITE_DIR / f"dbworker-{os.getpid()}.sqlite3"),
+        "NAME": str(SQLITE_DIR / f"dbworker-{os.environ.get('DBWORKER_TEST_RUN_ID', os.getpid())}.sqlite3"),
         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
-        "TEST": {"NAME": str(SQLITE_DIR / f"dbworker-test-{os.getpid()}.sqlite3")},
+        "TEST": {"NAME": str(SQLITE_DIR / f"dbworker-test-{os.environ.get('DBWORKER_TEST_RUN_ID', os.getpid())}.sqlite3")},
     }
 else:
     raise RuntimeError(f"DBWORKER_TEST_DB={DB!r}: use sqlite, postgres or mysql")
 
+# Each test run gets its own test database, so parallel runs (and helpers) never collide.
+RUN_ID = os.environ.get("DBWORKER_TEST_RUN_ID", str(os.getpid()))
+if DB != "sqlite":
+    default.setdefault("TEST", {})["NAME"] = f"test_dbworker_{RUN_ID}"
 DATABASES = {"default": default}
 SECRET_KEY = "tests-only"
 USE_TZ = True
