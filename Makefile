@@ -23,7 +23,7 @@ services:
 	scripts/services.sh
 
 test: $(STAMP) services
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	PY=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check django_dbworker tests example_project benchmarks

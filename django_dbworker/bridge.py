@@ -372,7 +372,16 @@ class Bridge:
                                    "(its process or machine stopped?)",
                   "error_traceback": ""}
         total = 0
+        src = self.source_table(worker)
+        source_gone = ~sa.exists().where(src.c[worker.pk_field.column] == self.source_key(worker))
         with self.engine.begin() as conn:
+            # Its source row was deleted while claimed: no handler can ever load it.
+            total += conn.execute(
+                sa.update(e).where(expired, source_gone).values(
+                    status=ExecutionStatus.FAILED.value, finished_at=self.now(),
+                    **{**common, "error_type": f"{worker.source.__name__}.DoesNotExist",
+                       "error_message": "The source row was deleted while it was claimed."})
+            ).rowcount or 0
             if worker.max_attempts is not None:
                 total += conn.execute(
                     sa.update(e).where(expired, e.c.attempts >= worker.max_attempts)

@@ -167,7 +167,7 @@ def validate(
     if eligible is not None and not callable(eligible):
         raise ImproperlyConfigured(
             f"Worker {name!r}: eligible must be a callable returning a QuerySet "
-            f"(e.g. lambda: {source.__name__}.objects.filter(...)), got {eligible!r}."
+            f"(e.g. lambda: {source.__name__}.objects.filter(...)), got {type(eligible).__name__}."
         )
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ImproperlyConfigured(

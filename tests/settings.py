@@ -50,6 +50,9 @@ else:
 RUN_ID = os.environ.get("DBWORKER_TEST_RUN_ID", str(os.getpid()))
 if DB != "sqlite":
     default.setdefault("TEST", {})["NAME"] = f"test_dbworker_{RUN_ID}"
+# Subprocesses started by tests (runworkers) set this to use the test database by name.
+if os.environ.get("DBWORKER_TEST_USE_TEST_DB"):
+    default["NAME"] = default["TEST"]["NAME"]
 DATABASES = {"default": default}
 SECRET_KEY = "tests-only"
 USE_TZ = True

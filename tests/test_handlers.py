@@ -1,0 +1,175 @@
+"""Handler semantics (SPEC section 2), end to end through real spawned children."""
+
+import uuid
+
+import pytest
+from django.db import connection
+
+from django_dbworker import ExecutionStatus, execution_status, reset_failed, state
+from django_dbworker.bridge import Bridge
+from django_dbworker.models import Execution
+from django_dbworker.registry import registry
+from tests.helpers import drain, effects
+from tests.testapp.models import Document, Effect, Tag, UuidItem
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_rows_from_orm_bulk_create_and_raw_sql_run_exactly_once():
+    Document.objects.create(title="orm")
+    Document.objects.bulk_create([Document(title=f"bulk{i}") for i in range(30)])
+    table = connection.ops.quote_name(Document._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} (title, behaviour, uploaded, steps, text) "
+                       "VALUES ('raw', 'ok', %s, 0, '')", [True])
+    stats = drain("docs")
+    ids = {str(pk) for pk in Document.objects.values_list("pk", flat=True)}
+    assert effects("docs") == {i: 1 for i in ids}
+    assert stats["finished"] == 32
+    assert all(t.startswith("handled") for t in Document.objects.values_list("text", flat=True))
+    # Finished rows are never claimed again.
+    assert drain("docs")["claimed"] == 0
+    assert effects("docs") == {i: 1 for i in ids}
+
+
+def test_eligibility_filter_and_late_eligible_rows():
+    later = Document.objects.create(uploaded=False)
+    now = Document.objects.create(uploaded=True)
+    drain("docs")
+    assert execution_status("docs", now) == ExecutionStatus.FINISHED
+    assert execution_status("docs", later) == ExecutionStatus.PENDING
+    Document.objects.filter(pk=later.pk).update(uploaded=True)
+    drain("docs")
+    assert execution_status("docs", later) == ExecutionStatus.FINISHED
+    assert effects("docs") == {str(now.pk): 1, str(later.pk): 1}
+
+
+def test_unfinished_runs_the_handler_again_from_the_start():
+    doc = Document.objects.create(behaviour="steps:3")
+    stats = drain("docs")
+    doc.refresh_from_db()
+    assert doc.steps == 3
+    assert stats["unfinished"] == 2 and stats["finished"] == 1
+    assert execution_status("docs", doc) == ExecutionStatus.FINISHED
+    assert effects("docs") == {str(doc.pk): 1}
+
+
+def test_failure_is_recorded_with_traceback_and_rolls_back_the_handlers_writes():
+    doc = Document.objects.create(behaviour="fail")
+    drain("docs")
+    assert execution_status("docs", doc) == ExecutionStatus.FAILED
+    assert effects("docs") == {}  # the effect written before the raise was rolled back
+    s = state("docs", doc)
+    assert s["error"]["type"] == "ValueError"
+    assert s["error"]["message"] == f"cannot handle document {doc.pk}"
+    assert "Traceback" in s["error"]["traceback"] and "handle_document" in s["error"]["traceback"]
+    assert s["attempts"] == 1
+    # FAILED is never retried automatically.
+    assert drain("docs")["claimed"] == 0
+    # Fix the cause, reset, and it runs.
+    Document.objects.filter(pk=doc.pk).update(behaviour="ok")
+    assert reset_failed("docs", doc) is True
+    assert reset_failed("docs", doc) is False
+    assert execution_status("docs", doc) == ExecutionStatus.UNFINISHED
+    assert state("docs", doc)["error"] is None
+    drain("docs")
+    assert execution_status("docs", doc) == ExecutionStatus.FINISHED
+    assert effects("docs") == {str(doc.pk): 1}
+
+
+def test_commit_inside_the_handler_is_rejected_and_rolled_back():
+    doc = Document.objects.create(behaviour="commit")
+    drain("docs")
+    assert execution_status("docs", doc) == ExecutionStatus.FAILED
+    assert "TransactionManagementError" in state("docs", doc)["error"]["type"]
+    assert effects("docs") == {}
+
+
+def test_wrong_return_type_fails_and_rolls_back():
+    doc = Document.objects.create(behaviour="wrong_return")
+    drain("docs")
+    assert execution_status("docs", doc) == ExecutionStatus.FAILED
+    err = state("docs", doc)["error"]
+    assert err["type"] == "TypeError" and "return Finished() or Unfinished()" in err["message"]
+    assert effects("docs") == {}
+
+
+def test_a_source_deleted_while_claimed_fails_with_the_reason():
+    doc = Document.objects.create()
+    bridge = Bridge()
+    try:
+        [claim] = bridge.claim(registry["docs"], 1, "test:1")
+        Document.objects.filter(pk=doc.pk).delete()
+        # The claimer vanished: its lease runs out, another coordinator takes the row.
+        Execution.objects.filter(pk=claim.execution_id).update(
+            lease_expires_at="2000-01-01T00:00:00Z")
+    finally:
+        bridge.close()
+    drain("docs")
+    execution = Execution.objects.get(pk=claim.execution_id)
+    assert execution.status == ExecutionStatus.FAILED
+    assert "DoesNotExist" in execution.error_type
+
+
+@pytest.mark.parametrize("model,worker", [(UuidItem, "uuids"), (Tag, "tags")])
+def test_uuid_and_string_primary_keys(model, worker):
+    if model is Tag:
+        objs = [Tag.objects.create(slug=s) for s in ("a", "b-c", "ünï", "x y")]
+    else:
+        objs = [UuidItem.objects.create(id=uuid.uuid4()) for _ in range(4)]
+    drain(worker)
+    assert all(execution_status(worker, o) == ExecutionStatus.FINISHED for o in objs)
+    assert effects(worker) == {str(o.pk): 1 for o in objs}
+
+
+def test_big_integer_keys():
+    doc = Document.objects.create(id=2**40 + 7)
+    drain("docs")
+    assert execution_status("docs", doc) == ExecutionStatus.FINISHED
+    assert effects("docs") == {str(2**40 + 7): 1}
+
+
+def test_retries_with_backoff_until_attempts_run_out():
+    tag = Tag.objects.create(slug="retry-me")
+    drain("retrying")
+    # max_attempts=3: two failures wait for a retry (UNFINISHED), the third is final.
+    for _ in range(10):
+        if execution_status("retrying", tag) == ExecutionStatus.FAILED:
+            break
+        Execution.objects.filter(worker="retrying").update(next_attempt_at=None)
+        drain("retrying")
+    s = state("retrying", tag)
+    assert s["execution_status"] == ExecutionStatus.FAILED
+    assert s["attempts"] == 3
+    assert s["error"]["message"] == "always fails"
+    assert effects("retrying") == {}
+
+
+def test_a_waiting_retry_is_not_claimed_before_its_time():
+    Tag.objects.create(slug="retry-later")
+    drain("retrying")
+    execution = Execution.objects.get(worker="retrying")
+    assert execution.status == ExecutionStatus.UNFINISHED and execution.next_attempt_at
+    # retry_backoff=0.01 s: push the wait into the future to see it respected.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Execution.objects.filter(pk=execution.pk).update(
+        next_attempt_at=timezone.now() + timedelta(hours=1))
+    assert drain("retrying")["claimed"] == 0
+
+
+def test_dependent_worker_runs_only_after_the_first_finished():
+    docs = [Document.objects.create() for _ in range(3)]
+    assert drain("summaries")["claimed"] == 0
+    drain("docs")
+    drain("summaries")
+    assert effects("summaries") == {str(d.pk): 1 for d in docs}
+
+
+def test_one_coordinator_claims_rows_a_finishing_handler_made_eligible():
+    docs = [Document.objects.create() for _ in range(3)]
+    drain("docs", "summaries")
+    assert effects("summaries") == {str(d.pk): 1 for d in docs}
+    assert Effect.objects.count() == 6

@@ -1,0 +1,94 @@
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from django_dbworker import Finished, registry, worker
+from django_dbworker.registry import Registry
+from tests.testapp.models import Document, Tag
+
+
+def module_level(doc):
+    return Finished()
+
+
+def other_module_level(doc):
+    return Finished()
+
+
+def test_decorator_returns_the_function_unchanged_and_registers_it():
+    reg = Registry()
+    fn = worker(name="example", source=Document, registry=reg)(module_level)
+    assert fn is module_level
+    assert reg["example"].handler is module_level
+    assert reg["example"].concurrency == 1
+
+
+@pytest.mark.parametrize("name", ["Bad", "1abc", "has-dash", "", "x" * 41, None, "white space"])
+def test_bad_names_are_rejected_with_the_rule(name):
+    with pytest.raises(ImproperlyConfigured, match="lowercase letters"):
+        worker(name=name, source=Document, registry=Registry())(module_level)
+
+
+def test_duplicate_names_are_rejected_naming_both_handlers():
+    reg = Registry()
+    worker(name="dup", source=Document, registry=reg)(module_level)
+    with pytest.raises(ImproperlyConfigured, match="other_module_level"):
+        worker(name="dup", source=Document, registry=reg)(other_module_level)
+
+
+def test_registering_the_same_function_again_is_not_a_clash():
+    reg = Registry()
+    worker(name="again", source=Document, registry=reg)(module_level)
+    worker(name="again", source=Document, registry=reg)(module_level)
+    assert list(reg) == ["again"]
+
+
+@pytest.mark.parametrize("concurrency", [0, -1, 1.5, "2", True])
+def test_bad_concurrency_is_rejected(concurrency):
+    with pytest.raises(ImproperlyConfigured, match="concurrency must be an int >= 1"):
+        worker(name="c", source=Document, concurrency=concurrency, registry=Registry())
+
+
+def test_nested_handlers_are_rejected_at_registration():
+    def nested(doc):
+        return Finished()
+
+    with pytest.raises(ImproperlyConfigured, match="module level"):
+        worker(name="nested", source=Document, registry=Registry())(nested)
+    with pytest.raises(ImproperlyConfigured, match="module level"):
+        worker(name="lam", source=Document, registry=Registry())(lambda doc: Finished())
+
+
+def test_source_must_be_a_model():
+    with pytest.raises(ImproperlyConfigured, match="Django model class"):
+        worker(name="s", source=object, registry=Registry())
+
+
+def test_unknown_options_are_named():
+    with pytest.raises(ImproperlyConfigured, match="unknown option 'retries'"):
+        worker(name="o", source=Document, retries=3, registry=Registry())
+    with pytest.raises(ImproperlyConfigured, match="max_attempts must be an int >= 1"):
+        worker(name="o", source=Document, max_attempts=0, registry=Registry())
+
+
+def test_eligible_must_be_callable():
+    with pytest.raises(ImproperlyConfigured, match="callable returning a QuerySet"):
+        worker(name="e", source=Document, eligible=Document.objects.all(), registry=Registry())
+
+
+def test_eligible_of_another_model_is_rejected_naming_the_fix():
+    reg = Registry()
+    worker(name="wrong", source=Document, eligible=lambda: Tag.objects.all(), registry=reg)(module_level)
+    with pytest.raises(ImproperlyConfigured, match="QuerySet of Tag.*source is Document"):
+        reg["wrong"].eligible_queryset()
+
+
+def test_unknown_worker_lookup_names_the_registered_ones():
+    with pytest.raises(LookupError) as info:
+        registry["nope"]
+    assert "nope" in str(info.value) and "docs" in str(info.value)
+    assert isinstance(info.value, KeyError)
+
+
+def test_workers_py_is_autodiscovered():
+    assert {"docs", "summaries", "uuids", "tags"} <= set(registry)
+    assert registry["docs"].concurrency == 2
