@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
@@ -73,7 +74,8 @@ def status_filter(worker: str) -> type[admin.SimpleListFilter]:
                 return queryset
             if value == NO_RECORD:
                 return queryset.exclude(has_execution_status(worker, list(ExecutionStatus)))
-            # An unknown value raises ValueError: the admin shows its "invalid filter" page.
+            if value not in ExecutionStatus:
+                raise IncorrectLookupParameters(f"{value!r} is not an execution status")
             return queryset.filter(has_execution_status(worker, value))
 
     StatusFilter.__name__ = f"{worker.title().replace('_', '')}StatusFilter"
@@ -95,9 +97,9 @@ def reset_action(worker: str) -> Callable[[Any, HttpRequest, QuerySet[Any]], Non
                       why_skipped=f"their {worker} work had not failed")
 
     action.__name__ = f"reset_failed_{worker}"
-    action.short_description = (  # type: ignore[attr-defined]
-        f"Reset failed {worker} work of selected %(verbose_name_plural)s")
-    return action
+    return admin.action(permissions=["dbworker_reset"],
+                        description=f"Reset failed {worker} work of selected "
+                                    "%(verbose_name_plural)s")(action)
 
 
 class DBWorkerStatusMixin(_Base):
@@ -120,15 +122,12 @@ class DBWorkerStatusMixin(_Base):
         # the Execution admin's own "Reset failed" action.
         return request.user.has_perm(RESET_PERMISSION)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
-        if self.actions is None or not self.has_dbworker_reset_permission(request):
-            return actions
-        for w in self.dbworker_workers:
-            fn = reset_action(w)
-            # The admin fills in %(verbose_name_plural)s itself.
-            actions[fn.__name__] = (fn, fn.__name__, fn.short_description)  # type: ignore[attr-defined]
-        return actions
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Added as ordinary actions (not via get_actions) so that the admin's own permission
+        # filtering and action lookup work unchanged on every supported Django version.
+        if self.actions is not None:
+            self.actions = [*self.actions, *map(reset_action, self.dbworker_workers)]
 
     @property
     def media(self) -> forms.Media:

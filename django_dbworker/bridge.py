@@ -211,7 +211,13 @@ class Bridge:
         if not terms:
             # Creation order, read straight off the claimable index; the source is only
             # probed by primary key for the candidates the index yields.
-            return stmt.where(key.in_(eligible)).order_by(e.c.id).limit(limit), False
+            # A correlated EXISTS, not IN (...): SQLite would build the whole IN list
+            # (every eligible source row, i.e. the history) before each claim.
+            sub = eligible.subquery("dbw_eligible")
+            return (
+                stmt.where(sa.exists().where(sub.c.dbw_pk == key)).order_by(e.c.id).limit(limit),
+                False,
+            )
         # A custom order sorts the claimable set (cost grows with the backlog, not the
         # history); the claim takes several rows per statement to pay for it.
         sub = eligible.subquery("dbw_eligible")

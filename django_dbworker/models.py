@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import models
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from .status import CLAIMABLE, ExecutionStatus
@@ -98,14 +98,8 @@ class Execution(models.Model):
             models.UniqueConstraint(fields=["worker", "source_id"], name="dbworker_worker_source"),
         ]
         indexes = [
-            # PostgreSQL and SQLite: a partial index of claimable rows only. MySQL/MariaDB
-            # get a plain one on the same columns (migration 0002): there NULL keys sit
-            # apart at the start of the index, which serves the same purpose.
-            models.Index(
-                fields=["claimable_worker", "id"],
-                condition=Q(claimable_worker__isnull=False),
-                name="dbworker_claimable",
-            ),
+            # The claim index on (claimable_worker, id) is created by migration 0002, per
+            # database: partial where the database has partial indexes.
             # Finding WORKING rows whose lease expired; also the admin's status filter.
             models.Index(fields=["status", "lease_expires_at"], name="dbworker_status_lease"),
             models.Index(fields=["worker", "status"], name="dbworker_worker_status"),

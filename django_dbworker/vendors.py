@@ -78,6 +78,12 @@ class Vendor:
         """SELECT (trigger name, table name) of every trigger this app installed."""
         raise NotImplementedError
 
+    @staticmethod
+    def claimable_index_sql(name: str, table: str) -> str:
+        """The index claims read: claimable rows only, in creation order per worker."""
+        return (f"CREATE INDEX {name} ON {table} (claimable_worker, id) "
+                "WHERE claimable_worker IS NOT NULL")
+
     def check_supported(self) -> None:
         """Raise UnsupportedDatabase naming the fix when this server cannot run workers."""
 
@@ -192,6 +198,12 @@ END $f$""",
 class MySQL(Vendor):
     name = "mysql"
     nulls_order_syntax = False
+
+    @staticmethod
+    def claimable_index_sql(name: str, table: str) -> str:
+        # No partial indexes: a plain one. Non-claimable rows have a NULL key and sit
+        # apart at the start of the index, so a claim still reads only claimable rows.
+        return f"CREATE INDEX {name} ON {table} (claimable_worker, id)"
 
     def key_needs_cast(self, pk_field: Any) -> bool:
         # UUIDs are char(32) here: already the text form.

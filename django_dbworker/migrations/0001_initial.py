@@ -52,7 +52,7 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'execution',
                 'ordering': ['-id'],
-                'indexes': [models.Index(condition=models.Q(('claimable_worker__isnull', False)), fields=['claimable_worker', 'id'], name='dbworker_claimable'), models.Index(fields=['status', 'lease_expires_at'], name='dbworker_status_lease'), models.Index(fields=['worker', 'status'], name='dbworker_worker_status')],
+                'indexes': [ models.Index(fields=['status', 'lease_expires_at'], name='dbworker_status_lease'), models.Index(fields=['worker', 'status'], name='dbworker_worker_status')],
                 'constraints': [models.UniqueConstraint(fields=('worker', 'source_id'), name='dbworker_worker_source')],
             },
         ),

@@ -1,0 +1,174 @@
+"""Claims: ordering, exclusivity between claimers, and plans that ignore history."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from django_dbworker.bridge import Bridge
+from django_dbworker.models import Execution
+from django_dbworker.registry import registry
+from tests.helpers import drain, effects
+from tests.testapp.models import Author, Document, Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def order_of(worker):
+    return [int(s) for s in Effect.objects.filter(worker=worker).order_by("id")
+            .values_list("source_id", flat=True)]
+
+
+def test_default_order_is_creation_order():
+    docs = [Document.objects.create() for _ in range(6)]
+    drain("docs", concurrency=1)
+    assert order_of("docs") == [d.pk for d in docs]
+
+
+def test_descending_order_with_nulls_respected():
+    a = Document.objects.create(priority=1)
+    b = Document.objects.create(priority=5)
+    c = Document.objects.create(priority=None)
+    d = Document.objects.create(priority=5)
+    Document.objects.create(priority=9, uploaded=False)  # not eligible
+    drain("ordered_desc")
+    expected = list(Document.objects.filter(uploaded=True).order_by("-priority", "id")
+                    .values_list("pk", flat=True))
+    assert order_of("ordered_desc") == expected
+    assert set(expected) == {a.pk, b.pk, c.pk, d.pk}
+
+
+def test_order_across_a_relation():
+    low, high = Author.objects.create(name="low", rank=1), Author.objects.create(name="high", rank=7)
+    d1 = Document.objects.create(author=low)
+    d2 = Document.objects.create(author=high)
+    d3 = Document.objects.create(author=high)
+    Document.objects.create(author=None)  # filtered out across the relation
+    drain("by_author")
+    assert order_of("by_author") == [d2.pk, d3.pk, d1.pk]
+
+
+def test_nulls_last_ordering_expression():
+    from django.db.models import F
+
+    from django_dbworker.bridge import ordering_terms
+
+    _, terms = ordering_terms([F("priority").desc(nulls_last=True), "-id", "title"])
+    assert [(t.descending, t.nulls_last) for t in terms] == [(True, True), (True, False), (False, False)]
+
+
+def test_claims_take_only_claimable_rows_and_mark_them_working():
+    docs = [Document.objects.create() for _ in range(3)]
+    bridge = Bridge()
+    try:
+        claims = bridge.claim(registry["docs"], 10, "test:1")
+        assert sorted(int(c.source_id) for c in claims) == [d.pk for d in docs]
+        assert bridge.claim(registry["docs"], 10, "test:2") == []
+        rows = Execution.objects.filter(worker="docs")
+        assert {r.status for r in rows} == {"working"}
+        assert all(r.lease_expires_at and r.claim_token and r.attempts == 1 for r in rows)
+        assert {r.claimed_by for r in rows} == {"test:1"}
+        # Releasing an unstarted claim restores the row as it was.
+        for c in claims:
+            assert bridge.release(c, started=False)
+        assert {(r.status, r.attempts, r.claim_token) for r in rows.all()} == {("pending", 0, None)}
+    finally:
+        bridge.close()
+
+
+def test_concurrent_claimers_never_get_the_same_row():
+    Document.objects.bulk_create([Document() for _ in range(300)])
+    worker = registry["docs"]
+    got: list[list[str]] = [[] for _ in range(4)]
+    errors = []
+
+    def claimer(i):
+        bridge = Bridge()
+        try:
+            while True:
+                claims = bridge.claim(worker, 7, f"thread:{i}")
+                if not claims:
+                    return
+                got[i].extend(c.source_id for c in claims)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            bridge.close()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    everything = [s for g in got for s in g]
+    assert len(everything) == 300 and len(set(everything)) == 300
+    assert sum(1 for g in got if g) >= 2  # the work was actually shared
+
+
+def test_expired_leases_are_recovered_and_renewed_leases_are_not():
+    Document.objects.create()
+    Document.objects.create()
+    bridge = Bridge(lease_seconds=60)
+    try:
+        held, lapsed = bridge.claim(registry["docs"], 2, "test:1")
+        Execution.objects.filter(pk=lapsed.execution_id).update(lease_expires_at="2000-01-01T00:00:00Z")
+        assert bridge.renew([held]) == 1
+        assert bridge.recover_expired(registry["docs"]) == 1
+        assert Execution.objects.get(pk=lapsed.execution_id).status == "unfinished"
+        assert Execution.objects.get(pk=held.execution_id).status == "working"
+        # The old holder can neither renew nor release the recovered row.
+        assert bridge.renew([lapsed]) == 0
+        assert bridge.release(lapsed, started=True) is False
+    finally:
+        bridge.close()
+
+
+def explain(bridge, worker):
+    sql = bridge.claim_sql(worker, 10)
+    prefix = {"postgresql": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}[connection.vendor]
+    return "\n".join(" ".join(str(c) for c in row) for row in bridge.execute(prefix + sql))
+
+
+@pytest.mark.parametrize("worker", ["docs", "ordered_desc", "uuids"])
+def test_the_claim_plan_reads_the_claimable_index_not_the_history(worker):
+    """Claim cost must not grow with history: no full scan of Execution."""
+    w = registry[worker]
+    table = w.source._meta.db_table
+    finished = 20000
+    with connection.cursor() as cursor:
+        if w.source is Document:
+            Document.objects.bulk_create([Document() for _ in range(finished)], batch_size=5000)
+            Document.objects.bulk_create([Document() for _ in range(20)])
+        else:
+            import uuid
+            w.source.objects.bulk_create([w.source(id=uuid.uuid4()) for _ in range(finished + 20)],
+                                         batch_size=5000)
+        done = list(Execution.objects.filter(worker=worker).order_by("id")
+                    .values_list("id", flat=True)[:finished])
+        Execution.objects.filter(id__in=done[:10000]).update(status="finished")
+        Execution.objects.filter(id__in=done[10000:]).update(status="finished")
+        analyze = {"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}", "sqlite": "ANALYZE"}[connection.vendor]
+        for t in (Execution._meta.db_table, table):
+            cursor.execute(analyze.format(connection.ops.quote_name(t)))
+            if connection.vendor == "mysql":
+                cursor.fetchall()
+    bridge = Bridge()
+    try:
+        plan = explain(bridge, w)
+    finally:
+        bridge.close()
+    print(plan)
+    execution = Execution._meta.db_table
+    assert "dbworker_claimable" in plan
+    for scanned in (execution, table):  # neither the history nor the source is read whole
+        if connection.vendor == "postgresql":
+            assert f"Seq Scan on {scanned}" not in plan
+        elif connection.vendor == "mysql":
+            assert not any(f" {scanned} ALL " in f" {line} " for line in plan.splitlines()), plan
+        else:
+            assert not any(line.split(" ", 3)[-1].startswith(f"SCAN {scanned}")
+                           for line in plan.splitlines()), plan
+    # And it still claims correctly.
+    drain(worker)
+    assert len(effects(worker)) == 20
