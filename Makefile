@@ -19,16 +19,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[postgres,mysql,test]'
 	touch $(STAMP)
 
+# The demo needs only the package itself (SQLite): no database drivers, no apt.
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "No Python >= 3.12 found: install one or run 'make PYTHON=/path/to/python3.12'"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $@
+
 services:
 	scripts/services.sh
 
-test: $(STAMP) services
+test: $(STAMP) services lint
 	PY=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check django_dbworker tests example_project benchmarks
+	@echo "ruff: clean"
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python example_project/demo.py
 
 bench: $(STAMP)

@@ -72,7 +72,9 @@ def engine_for(alias: str, **options: Any) -> Engine:
         kwargs["isolation_level"] = "READ COMMITTED"
     elif connection.vendor == "sqlite":
         url = URL.create("sqlite", database=str(sd["NAME"]))
-        connect_args["timeout"] = float(opts.get("timeout", 20))
+        # Short: while a handler runs it holds SQLite's only write lock, and a coordinator
+        # stuck waiting for it would not react to signals; a failed write is retried.
+        connect_args["timeout"] = 1.0
         connect_args["check_same_thread"] = False
         # One statement, one transaction; multi-statement claims say BEGIN IMMEDIATE.
         kwargs["isolation_level"] = "AUTOCOMMIT"
@@ -377,26 +379,43 @@ class Bridge:
                   "error_message": "The claim's lease expired before the handler finished "
                                    "(its process or machine stopped?)",
                   "error_traceback": ""}
+        if self.vendor.name != "sqlite":
+            # Lock the expired rows first, skipping any that a frozen holder still has
+            # locked in an open transaction: recovery must never wait on a dead process.
+            with self.engine.begin() as conn:
+                ids = [r.id for r in conn.execute(
+                    sa.select(e.c.id).where(expired)
+                    .with_for_update(skip_locked=True,
+                                     of=e if self.vendor.lock_of_table else None)
+                ).all()]
+                if not ids:
+                    return 0
+                return self._recover(conn, worker, sa.and_(expired, e.c.id.in_(ids)), common)
+        with self.engine.begin() as conn:
+            return self._recover(conn, worker, expired, common)
+
+    def _recover(self, conn: Connection, worker: Worker, expired: Any,
+                 common: dict[str, Any]) -> int:
+        e = self.execution
         total = 0
         src = self.source_table(worker)
         source_gone = ~sa.exists().where(src.c[worker.pk_field.column] == self.source_key(worker))
-        with self.engine.begin() as conn:
-            # Its source row was deleted while claimed: no handler can ever load it.
+        # Its source row was deleted while claimed: no handler can ever load it.
+        total += conn.execute(
+            sa.update(e).where(expired, source_gone).values(
+                status=ExecutionStatus.FAILED.value, finished_at=self.now(),
+                **{**common, "error_type": f"{worker.source.__name__}.DoesNotExist",
+                   "error_message": "The source row was deleted while it was claimed."})
+        ).rowcount or 0
+        if worker.max_attempts is not None:
             total += conn.execute(
-                sa.update(e).where(expired, source_gone).values(
-                    status=ExecutionStatus.FAILED.value, finished_at=self.now(),
-                    **{**common, "error_type": f"{worker.source.__name__}.DoesNotExist",
-                       "error_message": "The source row was deleted while it was claimed."})
+                sa.update(e).where(expired, e.c.attempts >= worker.max_attempts)
+                .values(status=ExecutionStatus.FAILED.value, finished_at=self.now(), **common)
             ).rowcount or 0
-            if worker.max_attempts is not None:
-                total += conn.execute(
-                    sa.update(e).where(expired, e.c.attempts >= worker.max_attempts)
-                    .values(status=ExecutionStatus.FAILED.value, finished_at=self.now(), **common)
-                ).rowcount or 0
-            total += conn.execute(
-                sa.update(e).where(expired).values(
-                    status=ExecutionStatus.UNFINISHED.value, **common)
-            ).rowcount or 0
+        total += conn.execute(
+            sa.update(e).where(expired).values(
+                status=ExecutionStatus.UNFINISHED.value, **common)
+        ).rowcount or 0
         return total
 
     # -- coordinators -------------------------------------------------------------------

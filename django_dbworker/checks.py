@@ -64,7 +64,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 def _check_database(alias: str, db: dict[str, Any]) -> list[Error]:
     engine = db.get("ENGINE", "")
-    vendor = {"postgresql": "postgresql", "mysql": "mysql", "sqlite3": "sqlite"}.get(
+    vendor = {"postgresql": "postgresql", "postgis": "postgresql", "mysql": "mysql",
+              "sqlite3": "sqlite", "spatialite": "sqlite"}.get(
         engine.rsplit(".", 1)[-1])
     if vendor not in VENDORS:
         return [Error(f"DATABASES[{alias!r}] uses {engine!r}, which django-dbworker does not "

@@ -25,7 +25,7 @@ from django.db import connections
 
 from . import child as messages
 from . import conf
-from .bridge import DATABASE_ERRORS, Bridge, Claim, Listener, listener_for
+from .bridge import DATABASE_ERRORS, Bridge, Listener, listener_for
 from .installation import missing_triggers
 from .pool import Child, Pool
 from .registry import Worker, registry
@@ -123,6 +123,7 @@ class Coordinator:
         self._stopping = False
         self._force = False
         self._stop_deadline: float | None = None
+        self._stop_announced = False
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -222,9 +223,7 @@ class Coordinator:
             self._kill_children()
             self.bridge.close()
             raise
-        self._coordinator_id = self.bridge.register_coordinator(
-            socket.gethostname(), os.getpid(), [w.name for w in self.workers]
-        )
+        self._register()
         self.listener = listener_for(self.bridge)
         logger.info(
             "django-dbworker coordinator %s: %s; database %s, claims by %s, lease %ss",
@@ -233,6 +232,14 @@ class Coordinator:
             self.bridge.vendor.describe(), self.bridge.vendor.claim_mode,
             self.settings.lease_seconds,
         )
+
+    def _register(self) -> None:
+        """Record this coordinator for the admin (retried with each renewal while the
+        database is busy or down: it must never stop work from starting)."""
+        assert self.bridge is not None
+        self._coordinator_id = self._quietly(
+            self.bridge.register_coordinator, socket.gethostname(), os.getpid(),
+            [w.name for w in self.workers])
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + CHILD_START_SECONDS
@@ -295,9 +302,10 @@ class Coordinator:
                 self._abandon_all()
                 return
             if self._stopping:
-                if self._stop_deadline is None:
-                    self._stop_deadline = (now + self.settings.shutdown_timeout
-                                           if self.settings.shutdown_timeout is not None else None)
+                if not self._stop_announced:
+                    self._stop_announced = True
+                    if self.settings.shutdown_timeout is not None:
+                        self._stop_deadline = now + self.settings.shutdown_timeout
                     logger.info("Stopping: no new claims; waiting for %d running handler(s)",
                                 sum(len(p.busy) for p in self.pools))
                 self._release_queued()
@@ -330,6 +338,10 @@ class Coordinator:
         assert self.bridge is not None
         for pool in self.pools:
             backoff = self._backoff[pool.worker.name]
+            try:
+                pool.dispatch()  # hand out what is queued before claiming more
+            except (OSError, ValueError):
+                pass
             free = pool.free_slots()
             if free > 0 and (now >= backoff.next_at or (drain and not backoff.exhausted)):
                 try:
@@ -495,7 +507,9 @@ class Coordinator:
     def _renew(self) -> None:
         assert self.bridge is not None
         self.bridge.renew(claim for pool in self.pools for claim in pool.claims())
-        if self._coordinator_id is not None:
+        if self._coordinator_id is None:
+            self._register()
+        else:
             self.bridge.heartbeat(self._coordinator_id)
 
     def _recover_expired(self) -> None:

@@ -43,6 +43,15 @@ class ExecutionQuerySet(models.QuerySet["Execution"]):
             updated_at=timezone.now(),
         )
 
+    def run_again(self) -> int:
+        """FINISHED -> UNFINISHED: claimable again when eligible, from a clean slate.
+        Returns how many rows changed; other statuses are left alone."""
+        return self.finished().update(
+            status=ExecutionStatus.UNFINISHED, claim_token=None, lease_expires_at=None,
+            next_attempt_at=None, attempts=0, error_type=None, error_message=None,
+            error_traceback=None, finished_at=None, updated_at=timezone.now(),
+        )
+
     def held_by(self, execution_id: int, token: str) -> ExecutionQuerySet:
         """The row, only while this claim still holds it: the guard of every outcome write."""
         return self.filter(id=execution_id, claim_token=token, status=ExecutionStatus.WORKING)

@@ -96,9 +96,22 @@ class Pool:
     def busy(self) -> list[Child]:
         return [c for c in self.children if c.claim is not None]
 
+    # Rows claimed ahead per child. One claim statement then serves many rows (the
+    # benchmark measured 2-3x the throughput of claiming per free child), while a
+    # bounded queue keeps a coordinator from hoarding rows other machines could run;
+    # queued rows are renewed like running ones and released on stop.
+    PREFETCH_PER_CHILD = 4
+
     def free_slots(self) -> int:
-        """How many more rows this pool can take now: idle children minus queued rows."""
-        return sum(1 for c in self.children if c.idle) - len(self.queue)
+        """How many rows to claim now: none while the queue is over half full, else
+        enough to fill every idle child plus the claim-ahead queue."""
+        ready = [c for c in self.children if c.ready]
+        capacity = len(ready) * (1 + self.PREFETCH_PER_CHILD)
+        in_flight = sum(1 for c in ready if c.claim is not None) + len(self.queue)
+        idle = sum(1 for c in ready if c.claim is None)
+        if len(self.queue) >= idle and in_flight * 2 > capacity:
+            return 0
+        return capacity - in_flight
 
     def dispatch(self) -> list[Child]:
         started = []

@@ -11,3 +11,12 @@ def pytest_report_header(config):
 @pytest.fixture
 def vendor(db):
     return connection.vendor
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_workers():
+    """A runworkers process must never outlive its test and claim the next test's rows."""
+    yield
+    from tests.helpers import kill_started
+
+    kill_started()

@@ -39,13 +39,31 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+STARTED: list[subprocess.Popen] = []
+
+
 def runworkers(*args: str, **popen) -> subprocess.Popen:
-    """A real `manage.py runworkers` process on the test database."""
-    return subprocess.Popen(
+    """A real `manage.py runworkers` process on the test database (killed, with its
+    children, when the test ends: see conftest)."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "django", "runworkers", *args],
         cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True, **popen,
     )
+    STARTED.append(proc)
+    return proc
+
+
+def kill_started() -> None:
+    import signal
+
+    while STARTED:
+        proc = STARTED.pop()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: float = 0.05):

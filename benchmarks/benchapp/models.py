@@ -1,0 +1,31 @@
+"""Rows that are the work (Job, OrderedJob) and the one row a job writes (Effect)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Job(models.Model):
+    """Work for the `bench` worker (default ordering) and for Celery."""
+
+    # time.time() when the harness sent the INSERT (it commits in that statement).
+    created_ts = models.FloatField(default=0.0)
+    priority = models.IntegerField(default=0)
+    ready = models.BooleanField(default=True)
+
+
+class OrderedJob(models.Model):
+    """Work for the `bench_ordered` worker: eligible() filters and orders on columns."""
+
+    created_ts = models.FloatField(default=0.0)
+    priority = models.IntegerField(default=0)
+    ready = models.BooleanField(default=True)
+
+
+class Effect(models.Model):
+    """What a job does: one row inserted through the ORM, stamped with the start time."""
+
+    system = models.CharField(max_length=20)
+    job_id = models.BigIntegerField()
+    started_at = models.FloatField()  # time.time() when the handler started
+    pid = models.IntegerField()

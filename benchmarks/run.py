@@ -1,0 +1,678 @@
+#!/usr/bin/env python
+"""django-dbworker benchmark, side by side with Celery + Redis, in one run.
+
+    python benchmarks/run.py            # full: medians of 3, 5,000-job drains
+    python benchmarks/run.py --quick    # < 2 minutes: fewer jobs, one repeat
+    make bench ARGS=--quick
+
+Scenarios (see benchmarks/README.md for the method): drain throughput (5,000 jobs queued
+before the workers start) on PostgreSQL, MariaDB/MySQL and SQLite plus Celery on
+PostgreSQL; pickup latency (row committed -> handler starts, warm idle workers) and idle
+CPU; history ratio (1,000 new rows with 100,000 finished rows in history vs none, default
+ordering and a filtered/ordered eligible()); scale-out (1, 2, 4 `runworkers --drain`
+processes on PostgreSQL, duplicates checked); RSS of coordinator and children.
+Prints a table and writes benchmarks/results/<date>.json and results/latest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+BENCH_DEPS = {"celery": "celery[redis]>=5.4", "redis": "redis>=5", "psutil": "psutil>=5.9"}
+ALL_DBS = ("postgres", "mysql", "sqlite")
+QUEUE = "dbworker_bench"
+
+
+# -- set-up -----------------------------------------------------------------------------
+def ensure_deps() -> None:
+    """Benchmark-only dependencies, installed into this interpreter's venv when missing."""
+    import importlib.util
+
+    missing = [spec for mod, spec in BENCH_DEPS.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        print(f"Installing benchmark dependencies: {' '.join(missing)}", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
+
+
+def env_for(db: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(DJANGO_SETTINGS_MODULE="benchproject.settings", BENCH_DB=db,
+               PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")]))
+    env.pop("BENCH_HARNESS", None)
+    env.update(extra)
+    return env
+
+
+def create_databases() -> list[str]:
+    """(Re)create the benchmark databases, empty, so every run starts from the package's
+    current migrations; returns the reachable ones."""
+    from django.conf import settings
+
+    reachable = ["sqlite"]
+    for suffix in ("", "-wal", "-shm"):
+        Path(settings.DBS["sqlite"]["NAME"] + suffix).unlink(missing_ok=True)
+    pg = settings.DBS["postgres"]
+    try:
+        import psycopg
+
+        with psycopg.connect(host=pg["HOST"], port=pg["PORT"] or 5432, user=pg["USER"],
+                             password=pg["PASSWORD"] or None, dbname="postgres",
+                             autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{pg["NAME"]}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{pg["NAME"]}"')
+        reachable.append("postgres")
+    except Exception as exc:  # noqa: BLE001
+        print(f"PostgreSQL unavailable, skipped: {exc}")
+    my = settings.DBS["mysql"]
+    try:
+        import MySQLdb
+
+        conn = MySQLdb.connect(host=my["HOST"], port=int(my["PORT"] or 3306), user=my["USER"],
+                               password=my["PASSWORD"], connect_timeout=3)
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{my['NAME']}`")
+        conn.cursor().execute(f"CREATE DATABASE `{my['NAME']}` "
+                              "CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+        conn.close()
+        reachable.append("mysql")
+    except Exception as exc:  # noqa: BLE001
+        print(f"MariaDB/MySQL unavailable, skipped: {exc}")
+    return [db for db in ALL_DBS if db in reachable]
+
+
+def migrate(db: str) -> None:
+    # A separate process: `default` is this database there, so post_migrate installs
+    # the triggers of the registered workers on it.
+    subprocess.run([sys.executable, str(HERE / "manage.py"), "migrate", "-v0"],
+                   env=env_for(db), check=True, cwd=HERE)
+    if db == "sqlite":
+        from django.db import connections
+
+        with connections["sqlite"].cursor() as c:
+            c.execute("PRAGMA journal_mode=WAL")  # persists in the file
+
+
+# -- database helpers (harness side, Django ORM on the alias of each database) -----------
+TABLES = ["benchapp_effect", "benchapp_job", "benchapp_orderedjob",
+          "django_dbworker_execution", "django_dbworker_coordinatorheartbeat"]
+
+
+def reset(db: str) -> None:
+    from django.db import connections
+
+    with connections[db].cursor() as c:
+        if db == "postgres":
+            c.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY")
+        elif db == "mysql":
+            for t in TABLES:
+                c.execute(f"TRUNCATE TABLE {t}")
+        else:
+            for t in sorted(TABLES, key=lambda t: not t.startswith("django_dbworker")):
+                c.execute(f"DELETE FROM {t}")  # Execution first: delete triggers find nothing
+            c.execute("DELETE FROM sqlite_sequence")
+    analyze(db)
+
+
+def analyze(db: str) -> None:
+    from django.db import connections
+
+    with connections[db].cursor() as c:
+        if db == "postgres":
+            c.execute("VACUUM ANALYZE")
+        elif db == "mysql":
+            c.execute(f"ANALYZE TABLE {', '.join(TABLES)}")
+        else:
+            c.execute("ANALYZE")
+
+
+def model_for(worker: str) -> Any:
+    from benchapp.models import Job, OrderedJob
+
+    return OrderedJob if worker == "bench_ordered" else Job
+
+
+def queue_jobs(db: str, n: int, worker: str = "bench") -> list[int]:
+    """bulk_create n rows (the triggers make each one PENDING work); returns the pks."""
+    from django.db import transaction
+
+    model = model_for(worker)
+    rng = random.Random(n)
+    with transaction.atomic(using=db):
+        for start in range(0, n, 2000):
+            model.objects.using(db).bulk_create(
+                [model(created_ts=time.time(), priority=rng.randrange(1000))
+                 for _ in range(min(2000, n - start))], batch_size=2000)
+    return list(model.objects.using(db).order_by().values_list("pk", flat=True))
+
+
+def make_history(db: str, n: int, worker: str) -> None:
+    """n finished rows: bulk_create, then one UPDATE of their Execution rows."""
+    from django.utils import timezone
+
+    from django_dbworker.models import Execution
+
+    queue_jobs(db, n, worker)
+    Execution.objects.using(db).filter(worker=worker).update(
+        status="finished", finished_at=timezone.now(), attempts=1)
+
+
+def effects(db: str, system: str) -> list[tuple[int, float, int]]:
+    from benchapp.models import Effect
+
+    return list(Effect.objects.using(db).filter(system=system)
+                .values_list("job_id", "started_at", "pid"))
+
+
+def effect_count(db: str, system: str) -> int:
+    from benchapp.models import Effect
+
+    return Effect.objects.using(db).filter(system=system).count()
+
+
+def summarize_drain(db: str, system: str, n: int, wall: float) -> dict[str, Any]:
+    rows = effects(db, system)
+    starts = sorted(r[1] for r in rows)
+    ids = [r[0] for r in rows]
+    span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
+    return {
+        "jobs": n,
+        "done": len(rows),
+        "duplicates": len(ids) - len(set(ids)),
+        "jobs_per_s": round((len(starts) - 1) / span, 1) if span > 0 else None,
+        "span_s": round(span, 3),
+        "wall_s": round(wall, 3),
+        "processes": len({r[2] for r in rows}),
+    }
+
+
+# -- processes --------------------------------------------------------------------------
+class Tree:
+    """A started process plus RSS / CPU sampling of it and its children (psutil)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        import psutil
+
+        self.log = log.open("ab")
+        self.proc = subprocess.Popen(args, env=env, cwd=HERE, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.ps = psutil.Process(self.proc.pid)
+        self.samples: list[tuple[float, float, list[float]]] = []
+
+    def members(self) -> list[Any]:
+        import psutil
+
+        try:
+            return [self.ps, *self.ps.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            main = self.ps.memory_info().rss / 2**20
+            kids = []
+            for c in self.ps.children(recursive=True):
+                try:
+                    kids.append(c.memory_info().rss / 2**20)
+                except psutil.NoSuchProcess:
+                    pass
+            self.samples.append((time.monotonic(), main, kids))
+        except psutil.NoSuchProcess:
+            pass
+
+    def cpu_seconds(self) -> float:
+        import psutil
+
+        total = 0.0
+        for p in self.members():
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def rss(self) -> dict[str, Any]:
+        s = [x for x in self.samples if x[2]] or self.samples
+        if not s:
+            return {}
+        return {
+            "coordinator_mb_first": round(s[0][1], 1), "coordinator_mb_last": round(s[-1][1], 1),
+            "coordinator_mb_max": round(max(x[1] for x in s), 1),
+            "child_mb_first": [round(k, 1) for k in s[0][2]],
+            "child_mb_last": [round(k, 1) for k in s[-1][2]],
+            "child_mb_max": round(max((max(x[2]) for x in s if x[2]), default=0.0), 1),
+        }
+
+    def wait(self, timeout: float, every: float = 0.25) -> int | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sample()
+            code = self.proc.poll()
+            if code is not None:
+                return code
+            time.sleep(every)
+        return None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+def runworkers(db: str, worker: str, *, drain: bool, log: Path) -> Tree:
+    args = [sys.executable, str(HERE / "manage.py"), "runworkers", "--worker", worker,
+            "--concurrency", f"{worker}=2", "-v0"]
+    if drain:
+        args.append("--drain")
+    return Tree(args, env_for(db), log)
+
+
+def celery_worker(conn_max_age: str, log: Path) -> Tree:
+    args = [sys.executable, "-m", "celery", "-A", "benchproject.celery_app", "worker",
+            "-P", "prefork", "-c", "2", "-Q", QUEUE, "--without-gossip", "--without-mingle",
+            "--without-heartbeat", "-l", "WARNING"]
+    return Tree(args, env_for("postgres", BENCH_CONN_MAX_AGE=conn_max_age), log)
+
+
+def purge_queue() -> None:
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(QUEUE)
+
+
+def wait_for_count(db: str, system: str, n: int, timeout: float, tree: Tree | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tree is not None:
+            tree.sample()
+        if effect_count(db, system) >= n:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# -- scenarios --------------------------------------------------------------------------
+def drain_dbworker(db: str, n: int, cfg: Cfg, worker: str = "bench") -> dict[str, Any]:
+    reset(db)
+    queue_jobs(db, n, worker)
+    analyze(db)
+    t0 = time.monotonic()
+    tree = runworkers(db, worker, drain=True, log=cfg.log)
+    code = tree.wait(cfg.timeout)
+    wall = time.monotonic() - t0
+    tree.stop()
+    result = summarize_drain(db, "dbworker", n, wall)
+    result.update(exit_code=code, rss=tree.rss())
+    return result
+
+
+def drain_celery(n: int, cfg: Cfg, conn_max_age: str) -> dict[str, Any]:
+    from benchapp.tasks import handle_job
+
+    db = "postgres"
+    reset(db)
+    purge_queue()
+    pks = queue_jobs(db, n)
+    analyze(db)
+    t = time.monotonic()
+    for pk in pks:
+        handle_job.apply_async((pk,), queue=QUEUE)
+    publish = time.monotonic() - t
+    t0 = time.monotonic()
+    tree = celery_worker(conn_max_age, cfg.log)
+    ok = wait_for_count(db, "celery", n, cfg.timeout, tree)
+    wall = time.monotonic() - t0
+    tree.stop()
+    purge_queue()
+    result = summarize_drain(db, "celery", n, wall)
+    result.update(completed=ok, publish_s=round(publish, 3), rss=tree.rss())
+    return result
+
+
+def pickup(db: str, system: str, samples: int, gap: float, idle: float,
+           cfg: Cfg) -> dict[str, Any]:
+    """Insert one row at a time into warm idle workers; latency = handler start -
+    commit acknowledged to the inserting client. Then measure idle CPU."""
+    from benchapp.models import Job
+
+    reset(db)
+    if system == "celery":
+        from benchapp.tasks import handle_job
+
+        purge_queue()
+        tree = celery_worker("none", cfg.log)
+    else:
+        tree = runworkers(db, "bench", drain=False, log=cfg.log)
+    committed: dict[int, float] = {}
+    try:
+        def insert() -> int:
+            job = Job.objects.using(db).create(created_ts=time.time())
+            committed[job.pk] = time.time()
+            if system == "celery":
+                handle_job.apply_async((job.pk,), queue=QUEUE)
+            return job.pk
+
+        insert()  # warm-up: workers started, connections open
+        if not wait_for_count(db, system, 1, 120, tree):
+            raise RuntimeError(f"{system} on {db}: warm-up job never ran (see {cfg.log})")
+        rng = random.Random(7)
+        for _ in range(samples):
+            time.sleep(gap * rng.uniform(0.5, 1.5))
+            insert()
+        wait_for_count(db, system, samples + 1, 30 + samples * 0.05, tree)
+        # Idle CPU: nothing to do for `idle` seconds.
+        cpu0, t0 = tree.cpu_seconds(), time.monotonic()
+        time.sleep(idle)
+        idle_cpu = (tree.cpu_seconds() - cpu0) / (time.monotonic() - t0) * 100
+        tree.sample()
+    finally:
+        tree.stop()
+    first = min(committed)
+    lat = sorted((started - committed[job_id]) * 1000 for job_id, started, _ in effects(db, system)
+                 if job_id != first)
+    return {
+        "samples": samples, "done": len(lat),
+        "p50_ms": round(percentile(lat, 50), 2) if lat else None,
+        "p95_ms": round(percentile(lat, 95), 2) if lat else None,
+        "max_ms": round(lat[-1], 2) if lat else None,
+        "idle_cpu_percent": round(idle_cpu, 2),
+        "rss": tree.rss(),
+    }
+
+
+def history(db: str, worker: str, new: int, past: int, cfg: Cfg) -> dict[str, Any]:
+    reset(db)
+    if past:
+        make_history(db, past, worker)
+    t = time.monotonic()
+    queue_jobs(db, new, worker)
+    analyze(db)
+    setup = time.monotonic() - t
+    tree = runworkers(db, worker, drain=True, log=cfg.log)
+    t0 = time.monotonic()
+    code = tree.wait(cfg.timeout)
+    wall = time.monotonic() - t0
+    tree.stop()
+    result = summarize_drain(db, "dbworker", new, wall)
+    result.update(history=past, exit_code=code, setup_s=round(setup, 2))
+    return result
+
+
+def scale_out(processes: int, n: int, cfg: Cfg) -> dict[str, Any]:
+    from django_dbworker.models import Execution
+
+    db = "postgres"
+    reset(db)
+    queue_jobs(db, n)
+    analyze(db)
+    t0 = time.monotonic()
+    trees = [runworkers(db, "bench", drain=True, log=cfg.log) for _ in range(processes)]
+    codes = [t.wait(cfg.timeout) for t in trees]
+    wall = time.monotonic() - t0
+    for t in trees:
+        t.stop()
+    result = summarize_drain(db, "dbworker", n, wall)
+    result.update(processes=processes, exit_codes=codes,
+                  finished=Execution.objects.using(db).filter(worker="bench",
+                                                              status="finished").count())
+    return result
+
+
+# -- reporting --------------------------------------------------------------------------
+def percentile(values: list[float], p: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    k = (len(values) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return round(statistics.median(vals), 2) if vals else None
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "cpus": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        info["mem_gb"] = round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 1)
+        info["loadavg_at_start"] = os.getloadavg()
+    except OSError:
+        pass
+    import importlib.metadata as md
+
+    for pkg in ("django", "sqlalchemy", "psycopg", "mysqlclient", "celery", "redis"):
+        try:
+            info[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return info
+
+
+def server_versions(dbs: list[str]) -> dict[str, str]:
+    from django.db import connections
+
+    out = {}
+    for db in dbs:
+        with connections[db].cursor() as c:
+            c.execute("SELECT sqlite_version()" if db == "sqlite" else "SELECT version()")
+            out[db] = str(c.fetchone()[0])
+    return out
+
+
+def fmt(v: Any, suffix: str = "") -> str:
+    return "-" if v is None else f"{v:,}{suffix}" if isinstance(v, int) else f"{v:,.1f}{suffix}" \
+        if isinstance(v, float) else str(v)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    s = report["summary"]
+    print()
+    print(f"django-dbworker benchmark {report['date']}  ({report['mode']}, "
+          f"{report['config']['repeats']} repeat(s), medians)")
+    print(f"machine: {report['machine'].get('cpu', '?')}, {report['machine']['cpus']} cpus")
+    print()
+    print(f"Drain throughput ({report['config']['drain_jobs']:,} jobs queued, concurrency 2)")
+    print(f"  {'system':<38}{'jobs/s':>10}{'coord RSS MB':>14}{'child RSS MB':>14}")
+    for name, row in s["drain"].items():
+        print(f"  {name:<38}{fmt(row['jobs_per_s']):>10}{fmt(row.get('coordinator_mb')):>14}"
+              f"{fmt(row.get('child_mb')):>14}")
+    print()
+    print(f"Pickup latency ({report['config']['pickup_samples']} single inserts, warm idle "
+          "workers)")
+    print(f"  {'system':<38}{'p50 ms':>10}{'p95 ms':>10}{'max ms':>10}{'idle CPU %':>12}")
+    for name, row in s["pickup"].items():
+        print(f"  {name:<38}{fmt(row['p50_ms']):>10}{fmt(row['p95_ms']):>10}"
+              f"{fmt(row['max_ms']):>10}{fmt(row['idle_cpu_percent']):>12}")
+    print()
+    cfg = report["config"]
+    print(f"History ({cfg['history_new']:,} new rows; {cfg['history_rows']:,} finished rows vs "
+          "none)")
+    print(f"  {'database / worker':<38}{'empty j/s':>10}{'history j/s':>13}{'ratio':>8}")
+    for name, row in s["history"].items():
+        print(f"  {name:<38}{fmt(row['empty']):>10}{fmt(row['history']):>13}"
+              f"{fmt(row['ratio']):>8}")
+    print()
+    print(f"Scale-out on PostgreSQL ({cfg['scale_jobs']:,} jobs, runworkers --drain x N, "
+          "concurrency 2 each)")
+    print(f"  {'processes':<38}{'jobs/s':>10}{'ran twice':>11}{'finished':>10}")
+    for name, row in s["scale_out"].items():
+        print(f"  {name:<38}{fmt(row['jobs_per_s']):>10}{fmt(row['duplicates']):>11}"
+              f"{fmt(row['finished']):>10}")
+    print()
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {}}
+    for name, runs in raw["drain"].items():
+        rss = [r.get("rss") or {} for r in runs]
+        out["drain"][name] = {
+            "jobs_per_s": median_of(runs, "jobs_per_s"),
+            "all_jobs_per_s": [r["jobs_per_s"] for r in runs],
+            "duplicates": sum(r["duplicates"] for r in runs),
+            "coordinator_mb": max((x.get("coordinator_mb_max", 0) for x in rss), default=None),
+            "child_mb": max((x.get("child_mb_max", 0) for x in rss), default=None),
+        }
+    for name, runs in raw["pickup"].items():
+        out["pickup"][name] = {k: median_of(runs, k) for k in
+                               ("p50_ms", "p95_ms", "max_ms", "idle_cpu_percent")}
+    for name, pair in raw["history"].items():
+        empty = median_of(pair["empty"], "jobs_per_s")
+        full = median_of(pair["history"], "jobs_per_s")
+        out["history"][name] = {"empty": empty, "history": full,
+                                "ratio": round(full / empty, 2) if empty and full else None}
+    for name, runs in raw["scale_out"].items():
+        out["scale_out"][name] = {
+            "jobs_per_s": median_of(runs, "jobs_per_s"),
+            "duplicates": sum(r["duplicates"] for r in runs),
+            "finished": min(r["finished"] for r in runs),
+        }
+    return out
+
+
+class Cfg(argparse.Namespace):
+    log: Path
+    timeout: float
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer jobs, one repeat (< 2 min)")
+    parser.add_argument("--repeats", type=int, help="runs per measurement (median)")
+    parser.add_argument("--drain-jobs", type=int)
+    parser.add_argument("--pickup-samples", type=int)
+    parser.add_argument("--history-rows", type=int)
+    parser.add_argument("--history-new", type=int)
+    parser.add_argument("--scale-jobs", type=int)
+    parser.add_argument("--databases", default=",".join(ALL_DBS),
+                        help="comma-separated subset of postgres,mysql,sqlite")
+    parser.add_argument("--only", default="drain,pickup,history,scale",
+                        help="comma-separated subset of drain,pickup,history,scale")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds one drain may take before it is stopped")
+    cfg = parser.parse_args(namespace=Cfg())
+    quick = cfg.quick
+    cfg.repeats = cfg.repeats or (1 if quick else 3)
+    cfg.drain_jobs = cfg.drain_jobs or (400 if quick else 5000)
+    cfg.pickup_samples = cfg.pickup_samples or (25 if quick else 200)
+    cfg.history_rows = cfg.history_rows or (10_000 if quick else 100_000)
+    cfg.history_new = cfg.history_new or (250 if quick else 1000)
+    cfg.scale_jobs = cfg.scale_jobs or (400 if quick else 5000)
+    only = set(cfg.only.split(","))
+
+    ensure_deps()
+    sys.path[:0] = [str(HERE), str(ROOT)]
+    os.environ.update(DJANGO_SETTINGS_MODULE="benchproject.settings", BENCH_HARNESS="1",
+                      BENCH_DB="postgres")
+    import django
+
+    django.setup()
+    RESULTS.mkdir(exist_ok=True)
+    cfg.log = Path(tempfile.gettempdir()) / "dbworker_bench-last-run.log"
+    cfg.log.write_text("")
+    started = time.monotonic()
+    dbs = [d for d in create_databases() if d in cfg.databases.split(",")]
+    for db in dbs:
+        migrate(db)
+    report: dict[str, Any] = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "mode": "quick" if quick else "full",
+        "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples",
+                                                 "history_rows", "history_new", "scale_jobs")},
+        "machine": machine(), "servers": server_versions(dbs),
+    }
+    from django.conf import settings
+
+    report["config"]["dbworker_settings"] = settings.DBWORKER
+    raw: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {}}
+    names = {"postgres": "PostgreSQL", "mysql": "MariaDB/MySQL", "sqlite": "SQLite"}
+
+    def step(label: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {label}", flush=True)
+
+    # Interleaved: each repeat runs every system once, in turn.
+    for r in range(cfg.repeats):
+        if "drain" in only:
+            for db in dbs:
+                step(f"drain dbworker {db} (run {r + 1})")
+                raw["drain"].setdefault(f"dbworker {names[db]}", []).append(
+                    drain_dbworker(db, cfg.drain_jobs, cfg))
+                if db == "postgres":
+                    step(f"drain celery persistent connections (run {r + 1})")
+                    raw["drain"].setdefault("Celery+Redis PostgreSQL, persistent conn",
+                                            []).append(drain_celery(cfg.drain_jobs, cfg, "none"))
+                    if not quick:
+                        step(f"drain celery fresh connections (run {r + 1})")
+                        raw["drain"].setdefault("Celery+Redis PostgreSQL, conn per task",
+                                                []).append(drain_celery(cfg.drain_jobs, cfg, "0"))
+        if "pickup" in only:
+            for db in dbs:
+                step(f"pickup dbworker {db} (run {r + 1})")
+                raw["pickup"].setdefault(f"dbworker {names[db]}", []).append(
+                    pickup(db, "dbworker", cfg.pickup_samples, 0.05 if quick else 0.1,
+                           1.0 if quick else 5.0, cfg))
+                if db == "postgres":
+                    step(f"pickup celery (run {r + 1})")
+                    raw["pickup"].setdefault("Celery+Redis PostgreSQL", []).append(
+                        pickup(db, "celery", cfg.pickup_samples, 0.05 if quick else 0.1,
+                               1.0 if quick else 5.0, cfg))
+        if "history" in only:
+            for db in dbs if not quick else [d for d in dbs if d == "postgres"] or dbs[:1]:
+                for worker in ("bench", "bench_ordered"):
+                    label = (f"{names[db]} / "
+                             f"{'default order' if worker == 'bench' else 'filter+order_by'}")
+                    pair = raw["history"].setdefault(label, {"empty": [], "history": []})
+                    for past, key in ((0, "empty"), (cfg.history_rows, "history")):
+                        step(f"history {label}, {past} finished rows (run {r + 1})")
+                        pair[key].append(history(db, worker, cfg.history_new, past, cfg))
+        if "scale" in only and "postgres" in dbs:
+            for n in (1, 2, 4):
+                step(f"scale-out x{n} (run {r + 1})")
+                raw["scale_out"].setdefault(f"{n} process(es)", []).append(
+                    scale_out(n, cfg.scale_jobs, cfg))
+    report["summary"] = summarize(raw)
+    report["runs"] = raw
+    report["elapsed_s"] = round(time.monotonic() - started, 1)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d")
+    # A partial run (--only, --databases) never replaces the dated or latest results.
+    partial = only != {"drain", "pickup", "history", "scale"} or len(dbs) < len(ALL_DBS)
+    dated = RESULTS / f"{stamp}{'-quick' if quick else ''}{'-partial' if partial else ''}.json"
+    paths = [dated] if partial else [dated, RESULTS / "latest.json"]
+    for path in paths:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    print(f"elapsed {report['elapsed_s']}s; JSON: {', '.join(map(str, paths))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

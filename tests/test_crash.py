@@ -1,0 +1,97 @@
+"""Crashes never lose work and never commit twice: killed children, killed coordinators,
+and a claim taken over after its lease expired."""
+
+import os
+import signal
+import time
+
+import pytest
+from django.db import connection
+
+from django_dbworker import Coordinator
+from django_dbworker.models import Execution
+from tests.helpers import drain, effects, runworkers, wait_for
+from tests.testapp.models import Document
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def execution(doc):
+    return Execution.objects.get(worker="docs", source_id=str(doc.pk))
+
+
+def test_a_killed_child_is_replaced_and_its_row_runs_again_once():
+    doc = Document.objects.create(behaviour="sleep:1.5")
+    other = Document.objects.create()
+    coordinator = Coordinator(["docs"], concurrency=1)
+    coordinator.start()
+    try:
+        wait_for(lambda: execution(doc).status == "working", timeout=60)
+        [child] = coordinator.pools[0].children
+        os.kill(child.process.pid, signal.SIGKILL)
+        wait_for(lambda: execution(doc).status == "finished" and execution(other).status == "finished",
+                 timeout=60)
+        assert coordinator.pools[0].children[0].process.pid != child.process.pid  # rebuilt
+    finally:
+        coordinator.stop()
+    assert coordinator.stats["crashed"] == 1
+    assert effects("docs") == {str(doc.pk): 1, str(other.pk): 1}
+    assert execution(doc).attempts == 2
+
+
+def test_a_killed_coordinator_and_child_lose_nothing_the_lease_returns_the_row():
+    doc = Document.objects.create(behaviour="sleep:30")
+    proc = runworkers("--worker", "docs")
+    wait_for(lambda: execution(doc).status == "working", timeout=60)
+    os.killpg(proc.pid, signal.SIGKILL)  # the machine is gone: coordinator and children
+    proc.communicate(timeout=30)
+    assert execution(doc).status == "working"  # nobody released it
+    Document.objects.filter(pk=doc.pk).update(behaviour="ok")
+    started = time.monotonic()
+    wait_for(lambda: drain("docs")["finished"] == 1, timeout=30, interval=0.5)
+    assert time.monotonic() - started < 20
+    assert execution(doc).status == "finished"
+    assert effects("docs") == {str(doc.pk): 1}
+
+
+def test_a_frozen_coordinators_claim_ends_finished_exactly_once():
+    if connection.vendor == "sqlite":
+        sqlite_running_handler_cannot_be_taken_over()
+    else:
+        claim_taken_over_after_its_lease_discards_the_stale_childs_writes()
+
+
+def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
+    doc = Document.objects.create(behaviour="sleep:6")
+    stale = runworkers("--worker", "docs")
+    try:
+        wait_for(lambda: execution(doc).status == "working", timeout=60)
+        first_token = execution(doc).claim_token
+        os.kill(stale.pid, signal.SIGSTOP)  # the coordinator freezes: no lease renewal
+        # Its child keeps running. After the lease (3 s), another coordinator takes over.
+        wait_for(lambda: drain("docs")["finished"] == 1, timeout=60, interval=0.5)
+        assert execution(doc).claim_token is None
+    finally:
+        os.kill(stale.pid, signal.SIGCONT)
+    time.sleep(4)  # the stale child wakes (6 s after it started) and tries to commit
+    stale.send_signal(signal.SIGTERM)
+    _, err = stale.communicate(timeout=60)
+    assert first_token
+    assert "lost its claim" in err
+    assert execution(doc).status == "finished"
+    assert effects("docs") == {str(doc.pk): 1}  # exactly once: the stale child's writes are gone
+
+
+def sqlite_running_handler_cannot_be_taken_over():
+    """SQLite has one writer: a running handler's transaction holds it, so no process can
+    take its row over, even past the lease; the row finishes once, by its first claim."""
+    doc = Document.objects.create(behaviour="sleep:5")
+    first = runworkers("--worker", "docs")
+    try:
+        wait_for(lambda: execution(doc).status == "working", timeout=60)
+        os.kill(first.pid, signal.SIGSTOP)  # no renewals: the lease (3 s) runs out
+        drain("docs")  # waits out the busy database, then finds nothing to take
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert execution(doc).status == "finished"
+    assert effects("docs") == {str(doc.pk): 1}
