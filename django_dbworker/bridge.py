@@ -448,9 +448,6 @@ class Bridge:
         with self.engine.connect() as conn:
             return list(conn.exec_driver_sql(sql).all())
 
-    def connect(self) -> Connection:
-        return self.engine.connect()
-
 
 class Listener:
     """PostgreSQL LISTEN on the channel the pending-row triggers NOTIFY: wakes an idle

@@ -7,7 +7,6 @@ import multiprocessing
 import time
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any
 
 from .bridge import Claim
 from .child import child_main
@@ -126,6 +125,3 @@ class Pool:
     def claims(self) -> list[Claim]:
         return [c.claim for c in self.children if c.claim is not None] + list(self.queue)
 
-    def describe(self) -> dict[str, Any]:
-        return {"worker": self.worker.name, "concurrency": self.concurrency,
-                "busy": len(self.busy), "queued": len(self.queue)}

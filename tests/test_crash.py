@@ -39,6 +39,21 @@ def test_a_killed_child_is_replaced_and_its_row_runs_again_once():
     assert execution(doc).attempts == 2
 
 
+def test_a_handler_longer_than_the_lease_keeps_its_row():
+    """Live claims are renewed: without renewal the lease (3 s) would lapse, the row be
+    recovered and claimed again, and the first run's commit rejected as a lost claim."""
+    doc = Document.objects.create(behaviour="sleep:5")
+    coordinator = Coordinator(["docs"], concurrency=1)
+    coordinator.start()
+    try:
+        wait_for(lambda: execution(doc).status == "finished", timeout=60)
+    finally:
+        coordinator.stop()
+    assert coordinator.stats["lost"] == 0 and coordinator.stats["recovered"] == 0
+    assert execution(doc).attempts == 1
+    assert effects("docs") == {str(doc.pk): 1}
+
+
 def test_a_killed_coordinator_and_child_lose_nothing_the_lease_returns_the_row():
     doc = Document.objects.create(behaviour="sleep:30")
     proc = runworkers("--worker", "docs")
