@@ -36,8 +36,13 @@ test: $(STAMP) services lint
 lint: $(STAMP)
 	$(BIN)/ruff check django_dbworker tests example_project benchmarks
 	@echo "ruff: clean"
+	$(BIN)/mypy django_dbworker
+	@echo "mypy: clean"
 
 demo: $(DEMO_STAMP)
+	@if [ -n "$$DBWORKER_DEMO_DATABASE_URL" ] && ! $(BIN)/python -c 'import psycopg' 2>/dev/null; then \
+		echo "DBWORKER_DEMO_DATABASE_URL is set: installing the postgres extra (psycopg 3)"; \
+		$(BIN)/pip install -q -e '.[postgres]'; fi
 	$(BIN)/python example_project/demo.py
 
 bench: $(STAMP)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
@@ -28,7 +28,7 @@ from django.utils.text import Truncator
 
 from . import conf
 from .admin_mixins import DBWorkerStatusMixin, report_counts
-from .models import CoordinatorHeartbeat, Execution
+from .models import CoordinatorHeartbeat, Execution, ExecutionQuerySet
 from .registry import registry
 from .status import ExecutionStatus
 from .templatetags.dbworker import STYLESHEET, status_badge
@@ -135,8 +135,10 @@ class ExecutionAdmin(admin.ModelAdmin):
         # one object it is whether its form may be saved, which would overwrite live state.
         return obj is None and super().has_change_permission(request)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(_database())
+    def get_queryset(self, request: HttpRequest) -> ExecutionQuerySet:
+        # Execution's default manager is ExecutionQuerySet.as_manager(); the unparameterised
+        # ModelAdmin stub only knows it as a QuerySet.
+        return cast(ExecutionQuerySet, super().get_queryset(request).using(_database()))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return ExecutionChangeList
@@ -180,14 +182,14 @@ class ExecutionAdmin(admin.ModelAdmin):
 
     # -- actions -------------------------------------------------------------------------
     @admin.action(description="Reset failed executions (claimable again)", permissions=["change"])
-    def reset_failed(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
+    def reset_failed(self, request: HttpRequest, queryset: ExecutionQuerySet) -> None:
         selected = queryset.count()
         changed = queryset.reset_failed()
         report_counts(self, request, changed=changed, skipped=selected - changed,
                       done="Reset failed executions", why_skipped="not failed")
 
     @admin.action(description="Run finished executions again", permissions=["change"])
-    def run_again(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
+    def run_again(self, request: HttpRequest, queryset: ExecutionQuerySet) -> None:
         selected = queryset.count()
         changed = queryset.run_again()
         report_counts(self, request, changed=changed, skipped=selected - changed,
@@ -215,7 +217,9 @@ class ExecutionAdmin(admin.ModelAdmin):
             raise PermissionDenied
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            # Django's own "does not exist" message and redirect; private, so not in django-stubs.
+            return self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
+                request, self.opts, object_id)
         back = reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}"
                        "_change", args=[quote(obj.pk)])
         if obj.status != ExecutionStatus.FAILED:

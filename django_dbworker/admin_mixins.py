@@ -110,11 +110,11 @@ class DBWorkerStatusMixin(_Base):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return annotate_execution_status(super().get_queryset(request), *self.dbworker_workers)
 
-    def get_list_display(self, request: HttpRequest) -> Sequence[Any]:
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
         columns = [status_column(w) for w in self.dbworker_workers]
         return [*super().get_list_display(request), *columns]
 
-    def get_list_filter(self, request: HttpRequest) -> Sequence[Any]:
+    def get_list_filter(self, request: HttpRequest) -> list[Any]:
         return [*super().get_list_filter(request), *map(status_filter, self.dbworker_workers)]
 
     def has_dbworker_reset_permission(self, request: HttpRequest) -> bool:

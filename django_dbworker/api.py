@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
 from django.db.models import CharField, Exists, Func, OuterRef, Subquery
 from django.db.models.expressions import Combinable
 
 from . import conf
-from .models import Execution
+from .models import Execution, ExecutionQuerySet
 from .registry import Worker, registry
 from .status import ExecutionStatus
 from .vendors import for_connection
+
+if TYPE_CHECKING:  # _AsSqlType exists in django-stubs only
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.sql.compiler import SQLCompiler, _AsSqlType
 
 
 class SourceKeyText(Func):
@@ -22,7 +26,9 @@ class SourceKeyText(Func):
 
     output_field = CharField()
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, Any]:
+    def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper,
+               function: str | None = None, template: str | None = None,
+               arg_joiner: str | None = None, **extra_context: Any) -> _AsSqlType:
         sql, params = compiler.compile(self.source_expressions[0])
         return for_connection(connection).text_key_sql(sql), params
 
@@ -47,7 +53,7 @@ def source_key(w: Worker, source: Any) -> str:
     return str(value)
 
 
-def _executions(worker: str, source: Any) -> models.QuerySet[Execution]:
+def _executions(worker: str, source: Any) -> ExecutionQuerySet:
     w = registry[worker]
     return Execution.objects.using(_database()).filter(worker=w.name,
                                                        source_id=source_key(w, source))

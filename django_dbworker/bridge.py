@@ -188,7 +188,7 @@ class Bridge:
         e = self.execution
         if not self.vendor.key_needs_cast(worker.pk_field):
             return e.c.source_id
-        pk_type = self.source_table(worker).c[worker.pk_field.column].type
+        pk_type = self.source_table(worker).c[worker.pk_column].type
         return sa.cast(e.c.source_id, pk_type)
 
     def candidates(self, worker: Worker, limit: int) -> tuple[sa.Select[Any], bool]:
@@ -273,13 +273,13 @@ class Bridge:
                 .returning(e.c.id, e.c.source_id, picked.c.status)
             )
             with self.engine.begin() as conn:
-                rows = conn.execute(update).all()
+                rows = list(conn.execute(update))
             if not custom_order:
                 rows.sort(key=lambda r: r[0])  # RETURNING has no order; ids are creation order
         elif self.vendor.name == "mysql":
             locked = stmt.with_for_update(skip_locked=True, of=e if self.vendor.lock_of_table else None)
             with self.engine.begin() as conn:
-                rows = conn.execute(locked).all()
+                rows = list(conn.execute(locked))
                 if rows:
                     conn.execute(
                         sa.update(e).where(e.c.id.in_([r.id for r in rows]))
@@ -292,7 +292,7 @@ class Bridge:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
                 try:
-                    rows = conn.execute(stmt).all()
+                    rows = list(conn.execute(stmt))
                     if rows:
                         conn.execute(
                             sa.update(e)
@@ -399,7 +399,7 @@ class Bridge:
         e = self.execution
         total = 0
         src = self.source_table(worker)
-        source_gone = ~sa.exists().where(src.c[worker.pk_field.column] == self.source_key(worker))
+        source_gone = ~sa.exists().where(src.c[worker.pk_column] == self.source_key(worker))
         # Its source row was deleted while claimed: no handler can ever load it.
         total += conn.execute(
             sa.update(e).where(expired, source_gone).values(
@@ -455,7 +455,9 @@ class Listener:
 
     def __init__(self, bridge: Bridge, channel: str) -> None:
         self._raw = bridge.engine.raw_connection()
-        self._conn: Any = self._raw.driver_connection
+        conn = self._raw.driver_connection
+        assert conn is not None  # a fresh connection from the pool always has one
+        self._conn: Any = conn
         self._conn.autocommit = True
         self._conn.execute(f"LISTEN {channel}")
 

@@ -96,7 +96,7 @@ def install(using: str, workers: Iterable[Worker] | None = None) -> list[str]:
 def backfill_sql(vendor: Vendor, w: Worker) -> str:
     qn = vendor.qn
     ex = qn(Execution._meta.db_table)
-    key = vendor.text_key_sql(f"s.{qn(w.pk_field.column)}")
+    key = vendor.text_key_sql(f"s.{qn(w.pk_column)}")
     select = (
         f"SELECT {vendor.pending_row_values(w, key)} FROM {qn(w.table)} s "
         f"WHERE NOT EXISTS (SELECT 1 FROM {ex} e WHERE e.worker = '{w.name}' "
@@ -110,7 +110,7 @@ def cleanup_sql(vendor: Vendor, w: Worker) -> str:
     ex = qn(Execution._meta.db_table)
     return (
         f"DELETE FROM {ex} WHERE worker = '{w.name}' AND status <> 'working' "
-        f"AND NOT EXISTS (SELECT 1 FROM {qn(w.table)} s WHERE s.{qn(w.pk_field.column)} = "
+        f"AND NOT EXISTS (SELECT 1 FROM {qn(w.table)} s WHERE s.{qn(w.pk_column)} = "
         f"{key_from_text_sql(vendor, w, f'{ex}.source_id')})"
     )
 

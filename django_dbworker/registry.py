@@ -56,7 +56,15 @@ class Worker:
 
     @property
     def pk_field(self) -> models.Field[Any, Any]:
-        return self.source._meta.pk  # type: ignore[return-value]
+        return self.source._meta.pk
+
+    @property
+    def pk_column(self) -> str:
+        """The primary key's column name (a concrete field always has one)."""
+        column = self.pk_field.column
+        if column is None:  # only non-concrete fields lack a column; a pk never does
+            raise ImproperlyConfigured(f"Worker {self.name!r}: {self.source.__name__} has no primary-key column")
+        return column
 
     def eligible_queryset(self) -> models.QuerySet[Any]:
         """The eligibility QuerySet, evaluated anew (it is called before every claim)."""

@@ -126,7 +126,7 @@ class PostgreSQL(Vendor):
 
     def create_trigger_sql(self, worker: Worker, execution_table: str) -> list[str]:
         names = TriggerNames.of(worker.name)
-        table, pk = self.qn(worker.table), self.qn(worker.pk_field.column)
+        table, pk = self.qn(worker.table), self.qn(worker.pk_column)
         ex = self.qn(execution_table)
         key = self.text_key_sql(f"n.{pk}")
         # Statement-level triggers with transition tables: one INSERT ... SELECT per
@@ -257,7 +257,7 @@ class MySQL(Vendor):
 
     def create_trigger_sql(self, worker: Worker, execution_table: str) -> list[str]:
         names = TriggerNames.of(worker.name)
-        table, pk = self.qn(worker.table), self.qn(worker.pk_field.column)
+        table, pk = self.qn(worker.table), self.qn(worker.pk_column)
         ex = self.qn(execution_table)
         insert = self.insert_ignore(
             execution_table,
@@ -326,7 +326,7 @@ class SQLite(Vendor):
 
     def create_trigger_sql(self, worker: Worker, execution_table: str) -> list[str]:
         names = TriggerNames.of(worker.name)
-        table, pk = self.qn(worker.table), self.qn(worker.pk_field.column)
+        table, pk = self.qn(worker.table), self.qn(worker.pk_column)
         ex = self.qn(execution_table)
         insert = self.insert_ignore(
             execution_table,

@@ -37,7 +37,7 @@ def status_badge(status: ExecutionStatus | str | None) -> SafeString:
 
 def status_of(obj: Any, worker: str) -> ExecutionStatus | None:
     """The annotated status when present (no query), else one query through the API."""
-    value = getattr(obj, f"{worker}_execution_status", _MISSING)
+    value: Any = getattr(obj, f"{worker}_execution_status", _MISSING)
     if value is _MISSING:
         from ..api import execution_status  # models are ready by the time a tag renders
 
