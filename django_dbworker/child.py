@@ -1,8 +1,15 @@
 """The child process: runs one worker's handler on the rows the coordinator sends it.
 
 Started with ``spawn`` (a fresh interpreter, Django set up once, reused for many rows).
-Each row runs inside ``transaction.atomic()``: the handler's writes and the new status
-commit together, and only while the claim token still matches.
+Every row's handler runs in its own savepoint, and its new status is written in the same
+transaction, only while the claim token still matches: a row's writes and its outcome
+commit together or not at all.
+
+Quick rows are grouped: one transaction holds the rows of up to ``GROUP_SECONDS`` (at
+most ``GROUP_ROWS`` of them), loads their source rows with one query and writes their
+outcomes with one statement per status. A group that cannot finish as a whole (a lost
+claim, a transaction the database aborted) is rolled back and its rows run again one per
+transaction. A slow handler is a group of one.
 """
 
 from __future__ import annotations
@@ -10,22 +17,40 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 import traceback
+from collections import deque
+from collections.abc import Sequence
 from datetime import timedelta
 from importlib import import_module
 from multiprocessing.connection import Connection
 from typing import Any
 
-# Messages from a child to its coordinator: (kind, execution_id, detail).
-READY = "ready"
-SETUP_FAILED = "setup_failed"
+# Messages from a child to its coordinator.
+READY = "ready"  # (READY, pid)
+SETUP_FAILED = "setup_failed"  # (SETUP_FAILED, traceback)
+RESULTS = "results"  # (RESULTS, [(kind, execution_id, detail), ...], seconds the group took)
+
+# Result kinds, one per row sent.
 DONE = "done"  # detail: the new status (finished, unfinished, failed)
 LOST = "lost"  # the claim was taken over; nothing was saved
-INTERRUPTED = "interrupted"  # the database went away; the row must be released
+INTERRUPTED = "interrupted"  # the database went away while it ran; release the row
+SKIPPED = "skipped"  # never started (stopping, or the database went away first)
+
+GROUP_SECONDS = 0.05
+GROUP_ROWS = 16
+
+# The shared slot a child writes before each handler: (execution id, time.monotonic() at
+# start); id 0 between handlers. The coordinator reads it to enforce timeouts and to know
+# which row was running when a child died. CLOCK_MONOTONIC is system-wide on Linux/macOS.
+SLOT_ID, SLOT_STARTED = 0, 1
+
+Row = tuple[int, str, str]  # execution id, source id, claim token
+Result = tuple[str, int, Any]
 
 
 def child_main(conn: Connection, worker_name: str, handler_path: str,
-               databases: dict[str, str], alias: str) -> None:
+               databases: dict[str, str], alias: str, slot: Any, stop: Any) -> None:
     # Ctrl-C in a terminal signals the whole process group; the coordinator alone
     # decides when children stop (and kills them outright when it must).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -33,18 +58,27 @@ def child_main(conn: Connection, worker_name: str, handler_path: str,
     try:
         worker = _set_up(worker_name, handler_path, databases)
     except BaseException:
-        conn.send((SETUP_FAILED, None, traceback.format_exc()))
+        conn.send((SETUP_FAILED, traceback.format_exc()))
         return
-    conn.send((READY, None, os.getpid()))
+    conn.send((READY, os.getpid()))
+    pending: deque[Row] = deque()
     while True:
         try:
-            message = conn.recv()
+            if not pending:
+                message = conn.recv()
+                if message is None:
+                    return
+                pending.extend(message)
+            while conn.poll():  # rows sent while the last group ran
+                message = conn.recv()
+                if message is None:
+                    return
+                pending.extend(message)
         except (EOFError, OSError):
             return  # the coordinator is gone
-        if message is None:
-            return
-        execution_id, source_id, token = message
-        conn.send(run(worker, alias, execution_id, source_id, token))
+        started = time.monotonic()
+        results = run_group(worker, alias, pending, slot, stop)
+        conn.send((RESULTS, results, time.monotonic() - started))
 
 
 def _set_up(worker_name: str, handler_path: str, databases: dict[str, str]) -> Any:
@@ -74,39 +108,189 @@ def _set_up(worker_name: str, handler_path: str, databases: dict[str, str]) -> A
     return worker
 
 
-def run(worker: Any, alias: str, execution_id: int, source_id: str, token: str) -> tuple[Any, ...]:
+class _GroupFailed(Exception):
+    """The group's transaction cannot commit as a whole; run its rows one at a time."""
+
+
+class _DatabaseGone(Exception):
+    def __init__(self, row: Row | None, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.row, self.exc = row, exc
+
+
+def run_group(worker: Any, alias: str, pending: deque[Row], slot: Any, stop: Any) -> list[Result]:
+    """Run rows from the front of ``pending`` in one transaction; return their results
+    (rows it did not get to stay in ``pending``, unless it is stopping or the database
+    went away: then they come back SKIPPED)."""
+    if stop.value:
+        return _skip_all(pending)
+    take = [pending.popleft() for _ in range(min(GROUP_ROWS, len(pending)))]
+    done: list[Row] = []
+    try:
+        results = _run_together(worker, alias, take, done, slot, stop)
+    except _DatabaseGone as gone:
+        slot[SLOT_ID] = 0
+        results = [(SKIPPED, r[0], None) for r in done if r is not gone.row]
+        if gone.row is not None:
+            results.append((INTERRUPTED, gone.row[0], _describe(gone.exc)))
+        untouched = [r for r in take if r not in done and r is not gone.row]
+        return results + [(SKIPPED, r[0], None) for r in untouched] + _skip_all(pending)
+    except _GroupFailed:
+        slot[SLOT_ID] = 0
+        # Rolled back: run the rows it had reached (all of them if it failed before the
+        # first) one per transaction, where each result stands alone.
+        done[:] = done or take
+        results = []
+        for i, row in enumerate(done):
+            result = run(worker, alias, *row, slot=slot)
+            results.append(result)
+            if result[0] == INTERRUPTED:
+                return (results + [(SKIPPED, r[0], None) for r in done[i + 1:]]
+                        + _requeue_and_skip(pending, take, done))
+    # Rows this group did not reach go back to the front, in order.
+    pending.extendleft(reversed([r for r in take if r not in done]))
+    return results
+
+
+def _requeue_and_skip(pending: deque[Row], take: list[Row], done: list[Row]) -> list[Result]:
+    pending.extendleft(reversed([r for r in take if r not in done]))
+    return _skip_all(pending)
+
+
+def _skip_all(pending: deque[Row]) -> list[Result]:
+    results: list[Result] = [(SKIPPED, r[0], None) for r in pending]
+    pending.clear()
+    return results
+
+
+def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slot: Any,
+                  stop: Any) -> list[Result]:
+    from django.db import DatabaseError, connections, transaction
+
+    connection = connections[alias]
+    deadline = time.monotonic() + GROUP_SECONDS
+    outcomes: list[tuple[Row, Any]] = []
+    failures: list[Result] = []
+    row: Row | None = None
+    try:
+        with transaction.atomic(using=alias):
+            sources = _load_sources(worker, alias, take)
+            for row in take:
+                if done and (stop.value or time.monotonic() >= deadline):
+                    break
+                done.append(row)
+                try:
+                    with transaction.atomic(using=alias):
+                        outcome = _call_handler(worker, sources, row, slot)
+                    outcomes.append((row, outcome))
+                except Exception as exc:
+                    slot[SLOT_ID] = 0
+                    if _database_gone(alias, exc):
+                        raise _DatabaseGone(row, exc) from exc
+                    if connection.needs_rollback:
+                        # The database aborted the whole transaction (a MySQL deadlock,
+                        # say): no savepoint is left to return to.
+                        raise _GroupFailed from exc
+                    status = record_failure(worker, alias, row[0], row[2], exc)
+                    failures.append((DONE, row[0], status) if status else (LOST, row[0], None))
+            row = None
+            by_status: dict[str, tuple[Any, list[Row]]] = {}
+            for done_row, outcome in outcomes:
+                by_status.setdefault(outcome.status.value, (outcome, []))[1].append(done_row)
+            for outcome, rows in by_status.values():
+                if _write_outcome(alias, rows, outcome) != len(rows):
+                    raise _GroupFailed  # a claim was lost: find out which, one by one
+    except (_DatabaseGone, _GroupFailed):
+        raise
+    except DatabaseError as exc:  # the group's own statements, or its commit
+        if _database_gone(alias, exc):
+            raise _DatabaseGone(row, exc) from exc
+        raise _GroupFailed from exc
+    results = [(DONE, r[0], o.status.value) for r, o in outcomes] + failures
+    return results
+
+
+def _load_sources(worker: Any, alias: str, rows: Sequence[Row]) -> dict[Any, Any]:
+    to_python = worker.pk_field.to_python
+    keys = [to_python(r[1]) for r in rows]
+    return worker.source._default_manager.using(alias).in_bulk(keys)
+
+
+def _call_handler(worker: Any, sources: dict[Any, Any], row: Row, slot: Any) -> Any:
+    from .outcomes import Finished, Unfinished
+
+    source = sources.get(worker.pk_field.to_python(row[1]))
+    if source is None:
+        raise worker.source.DoesNotExist(
+            f"{worker.source.__name__} with pk {row[1]!r} does not exist (deleted after "
+            "it was claimed)."
+        )
+    slot[SLOT_STARTED] = time.monotonic()
+    slot[SLOT_ID] = row[0]
+    outcome = worker.handler(source)
+    slot[SLOT_ID] = 0
+    if not isinstance(outcome, Finished | Unfinished):
+        raise TypeError(
+            f"Handler {worker.handler_path} returned {outcome!r}; "
+            "return Finished() or Unfinished()."
+        )
+    return outcome
+
+
+def _write_outcome(alias: str, rows: list[Row], outcome: Any) -> int:
+    """One UPDATE for rows with the same outcome, each guarded by its own claim token."""
+    from django.db.models import Q
+
+    from .models import Execution
+    from .status import ExecutionStatus
+
+    by_token: dict[str, list[int]] = {}
+    for execution_id, _, token in rows:
+        by_token.setdefault(token, []).append(execution_id)
+    guard = Q()
+    for token, ids in by_token.items():
+        guard |= Q(id__in=ids, claim_token=token)
+    return (Execution.objects.using(alias)
+            .filter(guard, status=ExecutionStatus.WORKING)
+            .update(**outcome_values(outcome)))
+
+
+def run(worker: Any, alias: str, execution_id: int, source_id: str, token: str,
+        slot: Any = None) -> Result:
+    """Run one row in its own transaction (the fallback of a group that failed)."""
     from django.db import transaction
 
     from .exceptions import LostClaim
-    from .models import Execution
     from .outcomes import Finished, Unfinished
 
+    slot = slot if slot is not None else [0.0, 0.0]
     try:
         with transaction.atomic(using=alias):
             pk = worker.pk_field.to_python(source_id)
             source = worker.source._default_manager.using(alias).get(pk=pk)
+            slot[SLOT_STARTED] = time.monotonic()
+            slot[SLOT_ID] = execution_id
             outcome = worker.handler(source)
+            slot[SLOT_ID] = 0
             if not isinstance(outcome, Finished | Unfinished):
                 raise TypeError(
                     f"Handler {worker.handler_path} returned {outcome!r}; "
                     "return Finished() or Unfinished()."
                 )
-            updated = Execution.objects.using(alias).held_by(execution_id, token).update(
-                **outcome_values(outcome)
-            )
-            if updated != 1:
+            if _write_outcome(alias, [(execution_id, source_id, token)], outcome) != 1:
                 raise LostClaim(f"Execution {execution_id} was claimed by another process")
         return (DONE, execution_id, outcome.status.value)
     except LostClaim:
         return (LOST, execution_id, None)
     except Exception as exc:
+        slot[SLOT_ID] = 0
         if _database_gone(alias, exc):
-            return (INTERRUPTED, execution_id, f"{type(exc).__name__}: {exc}")
+            return (INTERRUPTED, execution_id, _describe(exc))
         try:
             status = record_failure(worker, alias, execution_id, token, exc)
         except Exception as second:
             _database_gone(alias, second)
-            return (INTERRUPTED, execution_id, f"{type(second).__name__}: {second}")
+            return (INTERRUPTED, execution_id, _describe(second))
         return (DONE, execution_id, status) if status else (LOST, execution_id, None)
 
 
@@ -140,7 +324,6 @@ def record_failure(worker: Any, alias: str, execution_id: int, token: str,
     from django.utils import timezone
 
     from .models import Execution
-    from .status import ExecutionStatus
 
     now = timezone.now()
     with transaction.atomic(using=alias):
@@ -148,19 +331,20 @@ def record_failure(worker: Any, alias: str, execution_id: int, token: str,
         attempts = held.values_list("attempts", flat=True).first()
         if attempts is None:
             return None
-        values: dict[str, Any] = {
-            "claim_token": None,
-            "lease_expires_at": None,
-            "updated_at": now,
-            **error_values(exc),
-        }
-        if worker.max_attempts is not None and attempts < worker.max_attempts:
-            values["status"] = ExecutionStatus.UNFINISHED.value
-            values["next_attempt_at"] = now + timedelta(seconds=retry_delay(worker, attempts))
-        else:
-            values["status"] = ExecutionStatus.FAILED.value
-            values["finished_at"] = now
+        values = {"claim_token": None, "lease_expires_at": None, "updated_at": now,
+                  **error_values(exc), **next_attempt(worker, attempts, now)}
         return values["status"] if held.update(**values) == 1 else None
+
+
+def next_attempt(worker: Any, attempts: int, now: Any) -> dict[str, Any]:
+    """After a failed attempt: retry later (UNFINISHED, invisible to claims until
+    next_attempt_at) while attempts remain, else FAILED."""
+    from .status import ExecutionStatus
+
+    if worker.max_attempts is not None and attempts < worker.max_attempts:
+        return {"status": ExecutionStatus.UNFINISHED.value,
+                "next_attempt_at": now + timedelta(seconds=retry_delay(worker, attempts))}
+    return {"status": ExecutionStatus.FAILED.value, "finished_at": now}
 
 
 def retry_delay(worker: Any, attempts: int) -> float:
@@ -177,6 +361,10 @@ def error_values(exc: BaseException) -> dict[str, str]:
         "error_message": str(exc),
         "error_traceback": "".join(traceback.format_exception(exc)),
     }
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _database_gone(alias: str, exc: BaseException) -> bool:

@@ -27,7 +27,7 @@ from . import child as messages
 from . import conf
 from .bridge import DATABASE_ERRORS, Bridge, Listener, listener_for
 from .installation import missing_triggers
-from .pool import Child, Pool
+from .pool import SPAWN, Child, Pool
 from .registry import Worker, registry
 from .vendors import for_connection
 
@@ -132,6 +132,9 @@ class Coordinator:
         self._database_down_until = 0.0
         self._database_delay = self.settings.poll_seconds
         self._error: BaseException | None = None
+        # Read by every child before it starts a row: set, they send back what they
+        # have not started instead of running it.
+        self._stop_flag = SPAWN.RawValue("b", 0)
 
     # -- public API ---------------------------------------------------------------------
     def start(self) -> None:
@@ -175,6 +178,7 @@ class Coordinator:
         if self._stopping:
             force = True
         self._stopping = True
+        self._stop_flag.value = 1
         self._force = self._force or force
         try:
             os.write(self._wake_w, b"x")
@@ -208,7 +212,7 @@ class Coordinator:
         }
         self.pools = [
             Pool(w, self.settings.concurrency.get(w.name, w.concurrency), databases,
-                 self.settings.database)
+                 self.settings.database, self._stop_flag)
             for w in self.workers
         ]
         self._backoff = {
@@ -252,7 +256,7 @@ class Coordinator:
             for conn in ready:
                 pool, child = waiting.pop(conn)  # type: ignore[call-overload]
                 try:
-                    kind, _, detail = child.conn.recv()
+                    kind, detail = child.conn.recv()
                 except EOFError:
                     kind, detail = messages.SETUP_FAILED, "the child exited during set-up"
                 if kind != messages.READY:
@@ -275,8 +279,7 @@ class Coordinator:
     def tear_down(self) -> None:
         for pool in self.pools:
             for c in pool.children:
-                if c.claim is None:
-                    c.stop()
+                c.stop()
         for pool in self.pools:
             for c in pool.children:
                 c.join(10)
@@ -287,7 +290,7 @@ class Coordinator:
             if self._coordinator_id is not None:
                 self._quietly(self.bridge.unregister_coordinator, self._coordinator_id)
             self.bridge.close()
-        logger.info("Coordinator %s stopped: %s", self.identity, self._stats_line())
+        logger.info("Coordinator %s stopped: %s", self.identity, self.stats_line())
 
     # -- the loop -----------------------------------------------------------------------
     def loop(self, drain: bool = False) -> None:
@@ -308,7 +311,6 @@ class Coordinator:
                         self._stop_deadline = now + self.settings.shutdown_timeout
                     logger.info("Stopping: no new claims; waiting for %d running handler(s)",
                                 sum(len(p.busy) for p in self.pools))
-                self._release_queued()
                 if not any(p.busy for p in self.pools):
                     return
                 if self._stop_deadline is not None and now >= self._stop_deadline:
@@ -328,7 +330,7 @@ class Coordinator:
                 self._quietly(self._recover_expired)
                 next_recover = now + lease / 2
             if now >= next_status:
-                logger.info("Status: %s", self._stats_line())
+                logger.info("Status: %s", self.stats_line())
                 next_status = now + self.settings.status_interval
             if drain and self._drained():
                 return
@@ -338,10 +340,6 @@ class Coordinator:
         assert self.bridge is not None
         for pool in self.pools:
             backoff = self._backoff[pool.worker.name]
-            try:
-                pool.dispatch()  # hand out what is queued before claiming more
-            except (OSError, ValueError):
-                pass
             free = pool.free_slots()
             if free > 0 and (now >= backoff.next_at or (drain and not backoff.exhausted)):
                 try:
@@ -352,18 +350,15 @@ class Coordinator:
                 self._database_delay = self.settings.poll_seconds
                 if claims:
                     self.stats["claimed"] += len(claims)
-                    pool.queue.extend(claims)
+                    for claim in pool.distribute(claims):  # a child died as we sent
+                        self._quietly(self.bridge.release, claim, started=False)
                     backoff.found_work()
                 else:
                     backoff.found_nothing(now)
-            try:
-                pool.dispatch()
-            except (OSError, ValueError):
-                pass  # a child died while we wrote; its sentinel says so next
 
     def _drained(self) -> bool:
         return all(
-            not p.busy and not p.queue and self._backoff[p.worker.name].exhausted
+            not p.busy and self._backoff[p.worker.name].exhausted
             for p in self.pools
         )
 
@@ -378,7 +373,10 @@ class Coordinator:
             deadlines.append(self._stop_deadline)
         for pool in self.pools:
             if pool.worker.timeout is not None:
-                deadlines.extend(c.started_at + pool.worker.timeout for c in pool.busy)
+                for c in pool.busy:
+                    running = c.running()
+                    if running is not None:
+                        deadlines.append(running[1] + pool.worker.timeout)
         future = [d for d in deadlines if d > now]
         return min(min(future) - now, self.settings.max_poll_seconds) if future else 0.0
 
@@ -427,30 +425,38 @@ class Coordinator:
         self.listener = listener_for(self.bridge)
 
     def _on_message(self, pool: Pool, c: Child) -> None:
+        assert self.bridge is not None
         try:
-            kind, execution_id, detail = c.conn.recv()
+            _, results, seconds = c.conn.recv()
         except (EOFError, OSError):
             return  # the exit is handled with the sentinel
-        claim = c.claim
-        c.claim = None
-        c.tasks_done += 1
-        if kind == messages.DONE:
-            self.stats[detail] += 1
-        elif kind == messages.LOST:
-            self.stats["lost"] += 1
-            logger.warning("Worker %s lost its claim on execution %s: its writes were "
-                           "discarded", pool.worker.name, execution_id)
-        elif kind == messages.INTERRUPTED:
-            self.stats["interrupted"] += 1
-            logger.warning("Worker %s: database error during execution %s (%s); releasing it",
-                           pool.worker.name, execution_id, detail)
-            if claim is not None:
-                self._quietly(self.bridge.release, claim, started=True)  # type: ignore[union-attr]
+        ran = 0
+        for kind, execution_id, detail in results:
+            claim = c.settle(execution_id)
+            if kind == messages.SKIPPED:
+                c.sent -= 1
+                self.stats["released"] += 1
+                if claim is not None:
+                    self._quietly(self.bridge.release, claim, started=False)
+                continue
+            ran += 1
+            if kind == messages.DONE:
+                self.stats[detail] += 1
+            elif kind == messages.LOST:
+                self.stats["lost"] += 1
+                logger.warning("Worker %s lost its claim on execution %s: its writes were "
+                               "discarded", pool.worker.name, execution_id)
+            elif kind == messages.INTERRUPTED:
+                self.stats["interrupted"] += 1
+                logger.warning("Worker %s: database error during execution %s (%s); "
+                               "releasing it", pool.worker.name, execution_id, detail)
+                if claim is not None:
+                    self._quietly(self.bridge.release, claim, started=True)
+        pool.timed(ran, seconds)
         # A finished handler may have made rows eligible (here or for another worker).
         for backoff in self._backoff.values():
             backoff.wake()
-        limit = pool.worker.max_tasks_per_child
-        if limit is not None and c.tasks_done >= limit and not self._stopping:
+        if pool.retiring(c) and not self._stopping:
             c.stop()
             c.join(10)
             pool.replace(c)
@@ -458,15 +464,13 @@ class Coordinator:
 
     def _on_child_exit(self, pool: Pool, c: Child) -> None:
         code = c.process.exitcode
-        claim = c.claim
-        if claim is not None:
+        running = c.running()
+        if running is not None:
             self.stats["crashed"] += 1
             logger.error("A child of worker %s died (exit code %s) while handling execution "
-                         "%s; releasing the row", pool.worker.name, code, claim.execution_id)
-            self._quietly(self.bridge.release, claim, started=True,  # type: ignore[union-attr]
-                          error=("ChildDied", f"The child process died with exit code {code} "
-                                              "while running the handler."))
-            c.claim = None
+                         "%s; releasing the row", pool.worker.name, code, running[0])
+        self._release_held(c, error=("ChildDied", f"The child process died with exit code "
+                                                  f"{code} while running the handler."))
         if self._stopping and not pool.busy:
             pool.children.remove(c)
             c.kill()
@@ -474,35 +478,55 @@ class Coordinator:
         pool.replace(c)
         self._await_ready(pool)
 
+    def _release_held(self, c: Child, error: tuple[str, str] | None = None) -> None:
+        """Give back every row a dead (or killed) child held: the one its handler was
+        running keeps its attempt (and ``error``); the rest never ran to a commit, so
+        they return as they were."""
+        assert self.bridge is not None
+        running = c.running()
+        for execution_id, claim in list(c.outstanding.items()):
+            started = running is not None and running[0] == execution_id
+            self._quietly(self.bridge.release, claim, started=started,
+                          error=error if started else None)
+            self.stats["released"] += 1
+        c.outstanding.clear()
+
     def _await_ready(self, pool: Pool) -> None:
         """Block for the new child's handshake (spawning is rare: a crash or recycling)."""
         for c in pool.children:
             if not c.ready and c.process.is_alive():
                 if c.conn.poll(CHILD_START_SECONDS):
                     try:
-                        kind, _, _ = c.conn.recv()
+                        kind, _ = c.conn.recv()
                         c.ready = kind == messages.READY
                     except EOFError:
                         pass
 
     def _check_timeouts(self) -> None:
+        assert self.bridge is not None
         now = time.monotonic()
         for pool in self.pools:
             limit = pool.worker.timeout
             if limit is None:
                 continue
             for c in pool.busy:
-                if now - c.started_at >= limit and c.claim is not None:
-                    claim = c.claim
-                    logger.error("Worker %s: execution %s ran past its %ss timeout; killing "
-                                 "its child", pool.worker.name, claim.execution_id, limit)
-                    c.kill()
-                    c.claim = None
-                    self.stats["failed"] += 1
-                    self._quietly(self.bridge.fail, claim, "TimeoutError",  # type: ignore[union-attr]
-                                  f"The handler ran longer than its timeout of {limit}s.")
-                    pool.replace(c)
-                    self._await_ready(pool)
+                running = c.running()
+                if running is None or now - running[1] < limit:
+                    continue
+                claim = c.outstanding.get(running[0])
+                c.kill()
+                if claim is None or c.running() != running:
+                    continue  # it finished just now; its exit is handled as a crash
+                logger.error("Worker %s: execution %s ran past its %ss timeout; killing "
+                             "its child", pool.worker.name, claim.execution_id, limit)
+                c.settle(claim.execution_id)
+                status = self._quietly(
+                    self.bridge.fail, pool.worker, claim, "TimeoutError",
+                    f"The handler ran longer than its timeout of {limit}s.")
+                self.stats[status or "lost"] += 1
+                self._release_held(c)
+                pool.replace(c)
+                self._await_ready(pool)
 
     def _renew(self) -> None:
         assert self.bridge is not None
@@ -522,24 +546,12 @@ class Coordinator:
                                "again", w.name, recovered)
                 self._backoff[w.name].wake()
 
-    def _release_queued(self) -> None:
-        for pool in self.pools:
-            while pool.queue:
-                claim = pool.queue.popleft()
-                self._quietly(self.bridge.release, claim, started=False)  # type: ignore[union-attr]
-                self.stats["released"] += 1
-
     def _abandon_all(self) -> None:
         """Second signal: kill the children and release every claim for others at once."""
-        self._release_queued()
         for pool in self.pools:
             for c in pool.children:
-                claim = c.claim
                 c.kill()
-                if claim is not None:
-                    self._quietly(self.bridge.release, claim, started=True)  # type: ignore[union-attr]
-                    self.stats["released"] += 1
-                c.claim = None
+                self._release_held(c)
             pool.children = []
         logger.warning("Terminated running handlers; their rows are claimable again")
 
@@ -564,6 +576,10 @@ class Coordinator:
             self._database_down(exc)
             return None
 
-    def _stats_line(self) -> str:
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stats_line(self) -> str:
         keys = ["claimed", "finished", "unfinished", "failed", "lost", "crashed", "released"]
         return ", ".join(f"{k} {self.stats[k]}" for k in keys)

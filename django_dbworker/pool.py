@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
-import time
-from collections import deque
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
+from typing import Any
 
 from .bridge import Claim
-from .child import child_main
+from .child import SLOT_ID, SLOT_STARTED, child_main
 from .registry import Worker
 
 logger = logging.getLogger("django_dbworker.pool")
@@ -17,36 +18,55 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 class Child:
-    def __init__(self, worker: Worker, databases: dict[str, str], alias: str) -> None:
+    """One child process, and the rows sent to it that it has not reported on yet."""
+
+    def __init__(self, worker: Worker, databases: dict[str, str], alias: str,
+                 stop: Any) -> None:
         parent_end, child_end = SPAWN.Pipe()
+        # Shared memory the child writes before each handler (see child.SLOT_*): no
+        # message per row, yet the coordinator knows what runs since when.
+        self.slot = SPAWN.RawArray("d", 2)
         self.process = SPAWN.Process(
             target=child_main,
-            args=(child_end, worker.name, worker.handler_path, databases, alias),
+            args=(child_end, worker.name, worker.handler_path, databases, alias, self.slot,
+                  stop),
             name=f"dbworker-{worker.name}",
         )
         self.process.start()
         child_end.close()
         self.conn: Connection = parent_end
         self.ready = False
-        self.claim: Claim | None = None
-        self.started_at = 0.0
-        self.tasks_done = 0
+        self.outstanding: dict[int, Claim] = {}  # execution id -> claim, in send order
+        self.sent = 0  # rows this child has been given (for max_tasks_per_child)
 
     @property
-    def idle(self) -> bool:
-        return self.ready and self.claim is None
+    def busy(self) -> bool:
+        return bool(self.outstanding)
 
     @property
     def sentinel(self) -> int:
         return self.process.sentinel
 
-    def send(self, claim: Claim) -> None:
-        self.conn.send((claim.execution_id, claim.source_id, claim.token))
-        self.claim = claim
-        self.started_at = time.monotonic()
+    def running(self) -> tuple[int, float] | None:
+        """(execution id, monotonic start) of the handler running now, if any."""
+        execution_id = int(self.slot[SLOT_ID])
+        started = self.slot[SLOT_STARTED]
+        if execution_id == 0 or int(self.slot[SLOT_ID]) != execution_id:
+            return None  # between handlers (or it just moved on)
+        return execution_id, started
+
+    def send(self, claims: list[Claim]) -> None:
+        self.conn.send([(c.execution_id, c.source_id, c.token) for c in claims])
+        for c in claims:
+            self.outstanding[c.execution_id] = c
+        self.sent += len(claims)
+
+    def settle(self, execution_id: int) -> Claim | None:
+        """The child reported on this row: it is no longer this child's to release."""
+        return self.outstanding.pop(execution_id, None)
 
     def stop(self) -> None:
-        """Ask an idle child to exit (it finishes nothing: it has nothing)."""
+        """Ask the child to exit once it has run what it was sent."""
         try:
             self.conn.send(None)
         except (OSError, ValueError):
@@ -67,22 +87,35 @@ class Child:
 
 
 class Pool:
-    """The children of one worker, and the rows claimed for it but not yet handed out."""
+    """The children of one worker, and how many rows each may hold.
+
+    Rows go to a child ahead of need (they wait in its pipe), so a child never waits for
+    a claim round trip and one claim statement serves many rows. How far ahead adapts to
+    the handler: about ``AHEAD_SECONDS`` of work per child, at most ``MAX_AHEAD`` rows,
+    and a single row for handlers slower than that, so a coordinator never sits on rows
+    another could start now. Rows a child holds are renewed like running ones and
+    released when it stops or dies.
+    """
+
+    AHEAD_SECONDS = 0.1
+    MAX_AHEAD = 32
+    FIRST_AHEAD = 4  # before any handler has been timed
 
     def __init__(self, worker: Worker, concurrency: int, databases: dict[str, str],
-                 alias: str) -> None:
+                 alias: str, stop: Any) -> None:
         self.worker = worker
         self.concurrency = concurrency
         self.databases = databases
         self.alias = alias
+        self.stop_flag = stop
         self.children: list[Child] = []
-        self.queue: deque[Claim] = deque()
+        self.row_seconds: float | None = None  # moving average, per row of a group
 
     def start(self) -> None:
         self.children = [self.spawn() for _ in range(self.concurrency)]
 
     def spawn(self) -> Child:
-        return Child(self.worker, self.databases, self.alias)
+        return Child(self.worker, self.databases, self.alias, self.stop_flag)
 
     def replace(self, child: Child) -> Child:
         """Swap a dead (or retired) child for a fresh one: a broken pool heals itself."""
@@ -93,35 +126,55 @@ class Pool:
 
     @property
     def busy(self) -> list[Child]:
-        return [c for c in self.children if c.claim is not None]
+        return [c for c in self.children if c.busy]
 
-    # Rows claimed ahead per child. One claim statement then serves many rows (the
-    # benchmark measured 2-3x the throughput of claiming per free child), while a
-    # bounded queue keeps a coordinator from hoarding rows other machines could run;
-    # queued rows are renewed like running ones and released on stop.
-    PREFETCH_PER_CHILD = 4
+    def timed(self, rows: int, seconds: float) -> None:
+        """A group of ``rows`` took ``seconds``: update the per-row average."""
+        if rows <= 0:
+            return
+        per_row = seconds / rows
+        self.row_seconds = per_row if self.row_seconds is None else (
+            0.8 * self.row_seconds + 0.2 * per_row)
+
+    def capacity(self, child: Child) -> int:
+        if self.row_seconds is None:
+            ahead = self.FIRST_AHEAD
+        else:
+            ahead = max(1, min(self.MAX_AHEAD,
+                               math.ceil(self.AHEAD_SECONDS / max(self.row_seconds, 1e-6))))
+        limit = self.worker.max_tasks_per_child
+        if limit is not None:
+            ahead = min(ahead, limit - child.sent)  # it retires after `limit` rows
+        return max(ahead, 0)
+
+    def room(self, child: Child) -> int:
+        """Rows to send this child now: none until it is down to half its share (so
+        claims come in batches), then enough to fill it."""
+        if not child.ready or not child.process.is_alive():
+            return 0
+        capacity = self.capacity(child)
+        held = len(child.outstanding)
+        return capacity - held if held * 2 <= capacity and held < capacity else 0
 
     def free_slots(self) -> int:
-        """How many rows to claim now: none while the queue is over half full, else
-        enough to fill every idle child plus the claim-ahead queue."""
-        ready = [c for c in self.children if c.ready]
-        capacity = len(ready) * (1 + self.PREFETCH_PER_CHILD)
-        in_flight = sum(1 for c in ready if c.claim is not None) + len(self.queue)
-        idle = sum(1 for c in ready if c.claim is None)
-        if len(self.queue) >= idle and in_flight * 2 > capacity:
-            return 0
-        return capacity - in_flight
+        return sum(self.room(c) for c in self.children)
 
-    def dispatch(self) -> list[Child]:
-        started = []
-        for child in self.children:
-            if not self.queue:
-                break
-            if child.idle:
-                child.send(self.queue.popleft())
-                started.append(child)
-        return started
+    def distribute(self, claims: Iterable[Claim]) -> list[Claim]:
+        """Send claimed rows to the children with room; returns any left over."""
+        todo = list(claims)
+        for child in sorted(self.children, key=lambda c: len(c.outstanding)):
+            n = self.room(child)
+            if n and todo:
+                batch, todo = todo[:n], todo[n:]
+                try:
+                    child.send(batch)
+                except (OSError, ValueError):
+                    todo = batch + todo  # it died as we wrote: its sentinel says so next
+        return todo
 
     def claims(self) -> list[Claim]:
-        return [c.claim for c in self.children if c.claim is not None] + list(self.queue)
+        return [claim for c in self.children for claim in c.outstanding.values()]
 
+    def retiring(self, child: Child) -> bool:
+        limit = self.worker.max_tasks_per_child
+        return limit is not None and child.sent >= limit and not child.busy

@@ -54,7 +54,7 @@ class Command(BaseCommand):
             if options["drain"]:
                 with self._signals(coordinator):
                     stats = coordinator.drain()
-                self.stdout.write(f"Drained: {coordinator._stats_line()}")
+                self.stdout.write(f"Drained: {coordinator.stats_line()}")
                 if stats["lost"] or stats["crashed"]:
                     self.stderr.write("Some claims were lost or children crashed; see the log.")
             else:
@@ -86,7 +86,7 @@ class Command(BaseCommand):
         def _handle(self, signum: int, frame: Any) -> None:
             logging.getLogger("django_dbworker.coordinator").warning(
                 "Received %s%s", signal.Signals(signum).name,
-                ": terminating handlers" if self.coordinator._stopping else
+                ": terminating handlers" if self.coordinator.stopping else
                 ": finishing running handlers (send again to terminate them)")
             self.coordinator.request_stop()
 
