@@ -173,3 +173,69 @@ def test_one_coordinator_claims_rows_a_finishing_handler_made_eligible():
     drain("docs", "summaries")
     assert effects("summaries") == {str(d.pk): 1 for d in docs}
     assert Effect.objects.count() == 6
+
+
+# -- groups: quick rows share a transaction, each keeps its own outcome -------------------
+def _claim_and_run_group(worker_name, n, tamper=None):
+    """Claim n rows and run them as one group in this process (what a child does)."""
+    from collections import deque
+    from multiprocessing.sharedctypes import RawArray, RawValue
+
+    from django_dbworker.child import run_group
+
+    bridge = Bridge()
+    try:
+        claims = bridge.claim(registry[worker_name], n, "test:group")
+    finally:
+        bridge.close()
+    if tamper:
+        tamper(claims)
+    pending = deque((c.execution_id, c.source_id, c.token) for c in claims)
+    results = run_group(registry[worker_name], "default", pending, RawArray("d", 2),
+                        RawValue("b", 0))
+    return claims, results, pending
+
+
+def test_a_failing_row_in_a_group_rolls_back_only_its_own_writes():
+    docs = [Document.objects.create(behaviour="fail" if i in (2, 5) else "ok")
+            for i in range(8)]
+    claims, results, pending = _claim_and_run_group("docs", 8)
+    assert len(results) == 8 and not pending  # one group ran them all
+    ok = {str(d.pk) for d in docs if d.behaviour == "ok"}
+    assert effects("docs") == {pk: 1 for pk in ok}  # the failures' effects rolled back
+    for d in docs:
+        expected = ExecutionStatus.FAILED if d.behaviour == "fail" else ExecutionStatus.FINISHED
+        assert execution_status("docs", d) == expected
+
+
+def test_a_lost_claim_in_a_group_discards_that_row_and_keeps_the_others():
+    docs = [Document.objects.create() for _ in range(6)]
+
+    def take_over(claims):  # another coordinator took the third row (its lease ran out)
+        Execution.objects.filter(pk=claims[2].execution_id).update(claim_token="someone-else")
+
+    claims, results, _ = _claim_and_run_group("docs", 6, take_over)
+    kinds = {execution_id: kind for kind, execution_id, _ in results}
+    assert kinds.pop(claims[2].execution_id) == "lost"
+    assert set(kinds.values()) == {"done"}
+    lost_source = claims[2].source_id
+    assert effects("docs") == {str(d.pk): 1 for d in docs if str(d.pk) != lost_source}
+    assert Execution.objects.get(pk=claims[2].execution_id).status == ExecutionStatus.WORKING
+
+
+def test_a_stopping_child_hands_back_rows_it_has_not_started():
+    from collections import deque
+    from multiprocessing.sharedctypes import RawArray, RawValue
+
+    from django_dbworker.child import run_group
+
+    [Document.objects.create() for _ in range(3)]
+    bridge = Bridge()
+    try:
+        claims = bridge.claim(registry["docs"], 3, "test:stop")
+    finally:
+        bridge.close()
+    pending = deque((c.execution_id, c.source_id, c.token) for c in claims)
+    results = run_group(registry["docs"], "default", pending, RawArray("d", 2), RawValue("b", 1))
+    assert [kind for kind, _, _ in results] == ["skipped"] * 3
+    assert effects("docs") == {}
