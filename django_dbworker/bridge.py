@@ -227,29 +227,34 @@ class Bridge:
             sa.column("dbw_pk"), *[sa.column(t.alias) for t in terms]
         )
         key = self.source_key(worker)
-        if not terms:
-            # Creation order, read straight off the claimable index; the source is only
-            # probed by primary key for the candidates the index yields.
-            # A correlated EXISTS, not IN (...): SQLite would build the whole IN list
-            # (every eligible source row, i.e. the history) before each claim.
-            sub = eligible.subquery("dbw_eligible")
-            return (
-                stmt.where(sa.exists().where(sub.c.dbw_pk == key)).order_by(e.c.id).limit(limit),
-                False,
-            )
-        # A custom order sorts the claimable set (cost grows with the backlog, not the
-        # history); the claim takes several rows per statement to pay for it.
+        # A correlated EXISTS, not IN (...) or a join: the claimable index drives the
+        # statement and the source is only probed by primary key for the rows it yields.
+        # (SQLite would build a whole IN list, every eligible source row, i.e. the
+        # history, before each claim; PostgreSQL, given a join, may hash the whole
+        # source when its statistics are stale.)
         sub = eligible.subquery("dbw_eligible")
+        stmt = stmt.where(sa.exists().where(sub.c.dbw_pk == key))
+        if not terms:
+            return stmt.order_by(e.c.id).limit(limit), False
+        # A custom order: each sort key is a correlated subquery probing the source by
+        # primary key, so sorting costs grow with the claimable backlog, never with the
+        # history or the source table.
+        keys = {
+            t.alias: self._sort_key(eligible, t.alias, key) for t in terms
+        }
         return (
-            stmt.select_from(e.join(sub, sub.c.dbw_pk == key))
-            .order_by(*self._order_clauses(sub, terms), e.c.id)
-            .limit(limit)
+            stmt.order_by(*self._order_clauses(keys, terms), e.c.id).limit(limit)
         ), True
 
-    def _order_clauses(self, sub: sa.Subquery, terms: list[OrderTerm]) -> list[Any]:
+    def _sort_key(self, eligible: Any, alias: str, key: sa.ColumnElement[Any]) -> Any:
+        probe = eligible.subquery(f"dbw_key_{alias}")
+        return (sa.select(probe.c[alias]).where(probe.c.dbw_pk == key)
+                .limit(1).scalar_subquery())
+
+    def _order_clauses(self, keys: dict[str, Any], terms: list[OrderTerm]) -> list[Any]:
         clauses: list[Any] = []
         for t in terms:
-            col = sub.c[t.alias]
+            col = keys[t.alias]
             clause = col.desc() if t.descending else col.asc()
             if t.nulls_first or t.nulls_last:
                 if self.vendor.nulls_order_syntax:
@@ -280,7 +285,7 @@ class Bridge:
         token = new_token()
         e = self.execution
         stmt, custom_order = self.candidates(worker, limit)
-        if self.vendor.name == "postgresql":
+        if self.vendor.name == "postgresql" and not custom_order:
             # One round trip: lock the candidates (skipping rows others hold), claim them.
             picked = stmt.with_for_update(skip_locked=True, of=e).cte("dbw_claim")
             update = (
@@ -291,10 +296,11 @@ class Bridge:
             )
             with self.engine.begin() as conn:
                 rows = list(conn.execute(update))
-            if not custom_order:
-                rows.sort(key=lambda r: r[0])  # RETURNING has no order; ids are creation order
-        elif self.vendor.name == "mysql":
-            locked = stmt.with_for_update(skip_locked=True, of=e if self.vendor.lock_of_table else None)
+            rows.sort(key=lambda r: r[0])  # RETURNING has no order; ids are creation order
+        elif self.vendor.name in ("postgresql", "mysql"):
+            # Lock, then claim: the SELECT keeps a custom order, which RETURNING would not.
+            of = e if self.vendor.lock_of_table else None
+            locked = stmt.with_for_update(skip_locked=True, of=of)
             with self.engine.begin() as conn:
                 rows = list(conn.execute(locked))
                 if rows:

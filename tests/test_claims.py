@@ -39,6 +39,22 @@ def test_descending_order_with_nulls_respected():
     assert set(expected) == {a.pk, b.pk, c.pk, d.pk}
 
 
+def test_one_claim_of_many_rows_returns_them_in_the_custom_order():
+    import random
+
+    rng = random.Random(3)
+    for _ in range(40):
+        Document.objects.create(priority=rng.choice([None, *range(10)]))
+    expected = [str(pk) for pk in Document.objects.filter(uploaded=True)
+                .order_by("-priority", "id").values_list("pk", flat=True)]
+    bridge = Bridge()
+    try:
+        claims = bridge.claim(registry["ordered_desc"], 25, "test:order")
+    finally:
+        bridge.close()
+    assert [c.source_id for c in claims] == expected[:25]
+
+
 def test_order_across_a_relation():
     low, high = Author.objects.create(name="low", rank=1), Author.objects.create(name="high", rank=7)
     d1 = Document.objects.create(author=low)
