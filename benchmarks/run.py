@@ -604,7 +604,7 @@ def main() -> int:
     for db in dbs:
         migrate(db)
     report: dict[str, Any] = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "full",
         "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples",
                                                  "history_rows", "history_new", "scale_jobs")},
@@ -662,7 +662,7 @@ def main() -> int:
     report["summary"] = summarize(raw)
     report["runs"] = raw
     report["elapsed_s"] = round(time.monotonic() - started, 1)
-    stamp = dt.datetime.now().strftime("%Y-%m-%d")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     # A partial run (--only, --databases) never replaces the dated or latest results.
     partial = only != {"drain", "pickup", "history", "scale"} or len(dbs) < len(ALL_DBS)
     dated = RESULTS / f"{stamp}{'-quick' if quick else ''}{'-partial' if partial else ''}.json"

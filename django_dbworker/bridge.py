@@ -233,7 +233,10 @@ class Bridge:
         # history, before each claim; PostgreSQL, given a join, may hash the whole
         # source when its statistics are stale.)
         sub = eligible.subquery("dbw_eligible")
-        stmt = stmt.where(sa.exists().where(sub.c.dbw_pk == key))
+        probe = sa.select(sa.literal_column("1")).select_from(sub).where(sub.c.dbw_pk == key)
+        if self.vendor.fence_exists:
+            probe = probe.offset(0)
+        stmt = stmt.where(probe.exists())
         if not terms:
             return stmt.order_by(e.c.id).limit(limit), False
         # A custom order: each sort key is a correlated subquery probing the source by

@@ -48,6 +48,10 @@ class Vendor:
     lock_of_table = True
     # Whether pickup can be woken by the database (LISTEN/NOTIFY).
     notifies = False
+    # Whether the eligibility EXISTS needs OFFSET 0 to stay a per-row probe. PostgreSQL
+    # otherwise turns it into a semi-join, and for a custom order (no early stop at the
+    # LIMIT) hashes the whole source table: claim cost would grow with history.
+    fence_exists = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -108,6 +112,7 @@ class Vendor:
 class PostgreSQL(Vendor):
     name = "postgresql"
     notifies = True
+    fence_exists = True
 
     def now_sql(self) -> str:
         return "now()"
