@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,6 +28,7 @@ from .status import ExecutionStatus
 from .vendors import Vendor, for_connection
 
 WORKING = ExecutionStatus.WORKING.value
+LONG_AGO = datetime(2000, 1, 1)  # an ended lease (naive: every driver takes it)
 # Django-only keys of DATABASES[...]["OPTIONS"] that database drivers do not accept.
 DJANGO_ONLY_OPTIONS = {
     "isolation_level", "server_side_binding", "pool", "assume_role", "transaction_mode",
@@ -233,7 +235,7 @@ class Bridge:
         # history, before each claim; PostgreSQL, given a join, may hash the whole
         # source when its statistics are stale.)
         sub = eligible.subquery("dbw_eligible")
-        probe = sa.select(sa.literal_column("1")).select_from(sub).where(sub.c.dbw_pk == key)
+        probe: sa.Select[Any] = sa.select(sa.literal_column("1")).select_from(sub).where(sub.c.dbw_pk == key)
         if self.vendor.fence_exists:
             probe = probe.offset(0)
         stmt = stmt.where(probe.exists())
@@ -463,6 +465,27 @@ class Bridge:
                                     started_at=self.now(), heartbeat_at=self.now())
             )
             return int(result.inserted_primary_key[0])  # type: ignore[index]
+
+    def expire_claims_of_dead(self, host: str, own_id: int | None,
+                              alive: Callable[[int], bool]) -> list[int]:
+        """Coordinators recorded on ``host`` whose process is gone (killed, crashed):
+        end their leases now, so recovery hands their rows over at once instead of
+        when the lease runs out, and forget them. Returns their pids."""
+        h, e = self.heartbeats, self.execution
+        with self.engine.begin() as conn:
+            others = conn.execute(
+                sa.select(h.c.id, h.c.pid).where(h.c.host == host, h.c.id != (own_id or 0))
+            ).all()
+            dead = [r for r in others if not alive(r.pid)]
+            for r in dead:
+                conn.execute(
+                    sa.update(e)
+                    .where(e.c.claimed_by == f"{host}:{r.pid}", e.c.status == WORKING)
+                    .values(lease_expires_at=LONG_AGO)
+                )
+            if dead:
+                conn.execute(sa.delete(h).where(h.c.id.in_([r.id for r in dead])))
+        return [r.pid for r in dead]
 
     def heartbeat(self, coordinator_id: int) -> None:
         h = self.heartbeats

@@ -538,6 +538,12 @@ class Coordinator:
 
     def _recover_expired(self) -> None:
         assert self.bridge is not None
+        dead = self.bridge.expire_claims_of_dead(socket.gethostname(), self._coordinator_id,
+                                                 pid_alive)
+        if dead:
+            logger.warning("Coordinator process(es) %s on this host are gone; their claims "
+                           "are released now, without waiting for their leases",
+                           ", ".join(map(str, dead)))
         for w in self.workers:
             recovered = self.bridge.recover_expired(w)
             if recovered:
@@ -583,3 +589,14 @@ class Coordinator:
     def stats_line(self) -> str:
         keys = ["claimed", "finished", "unfinished", "failed", "lost", "crashed", "released"]
         return ", ".join(f"{k} {self.stats[k]}" for k in keys)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (a zombie counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True

@@ -4,12 +4,14 @@ and a claim taken over after its lease expired."""
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from django_dbworker import Coordinator
-from django_dbworker.models import Execution
+from django_dbworker.models import CoordinatorHeartbeat, Execution
 from tests.helpers import drain, effects, runworkers, wait_for
 from tests.testapp.models import Document
 
@@ -110,3 +112,23 @@ def sqlite_running_handler_cannot_be_taken_over():
         os.kill(first.pid, signal.SIGCONT)
     assert execution(doc).status == "finished"
     assert effects("docs") == {str(doc.pk): 1}
+
+
+def test_claims_of_a_coordinator_that_died_on_this_machine_are_released_at_once():
+    """A coordinator killed outright leaves its heartbeat and its claims. The next
+    coordinator on the same host sees that process is gone and hands the rows over
+    without waiting out the lease (here an hour: without the check nothing would run)."""
+    doc = Document.objects.create(behaviour="sleep:30")
+    proc = runworkers("--worker", "docs")
+    wait_for(lambda: execution(doc).status == "working", timeout=60)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)  # reaped: the pid no longer exists
+    Execution.objects.filter(pk=execution(doc).pk).update(
+        lease_expires_at=timezone.now() + timedelta(hours=1))
+    Document.objects.filter(pk=doc.pk).update(behaviour="ok")
+    assert CoordinatorHeartbeat.objects.filter(pid=proc.pid).exists()
+    stats = drain("docs")
+    assert stats["finished"] == 1
+    assert execution(doc).status == "finished"
+    assert effects("docs") == {str(doc.pk): 1}
+    assert not CoordinatorHeartbeat.objects.filter(pid=proc.pid).exists()

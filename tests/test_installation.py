@@ -114,3 +114,4 @@ class _Ghost:
     name = "ghost"
     table = Tag._meta.db_table
     pk_field = Tag._meta.pk
+    pk_column = Tag._meta.pk.column
