@@ -513,12 +513,17 @@ class Listener:
     coordinator the moment a row is inserted, instead of at its next poll."""
 
     def __init__(self, bridge: Bridge, channel: str) -> None:
-        self._raw = bridge.engine.raw_connection()
-        conn = self._raw.driver_connection
-        assert conn is not None  # a fresh connection from the pool always has one
-        self._conn: Any = conn
-        self._conn.autocommit = True
-        self._conn.execute(f"LISTEN {channel}")
+        # Raw DBAPI connections raise psycopg's errors, not SQLAlchemy's: wrap them so
+        # the coordinator's outage handling (DATABASE_ERRORS) sees them as outages.
+        try:
+            self._raw = bridge.engine.raw_connection()
+            conn = self._raw.driver_connection
+            assert conn is not None  # a fresh connection from the pool always has one
+            self._conn: Any = conn
+            self._conn.autocommit = True
+            self._conn.execute(f"LISTEN {channel}")
+        except bridge.engine.dialect.loaded_dbapi.Error as exc:
+            raise sa.exc.OperationalError(f"LISTEN {channel}", None, exc) from exc
 
     def fileno(self) -> int:
         return int(self._conn.pgconn.socket)

@@ -43,7 +43,11 @@ GROUP_ROWS = 16
 # The shared slot a child writes before each handler: (execution id, time.monotonic() at
 # start); id 0 between handlers. The coordinator reads it to enforce timeouts and to know
 # which row was running when a child died. CLOCK_MONOTONIC is system-wide on Linux/macOS.
-SLOT_ID, SLOT_STARTED = 0, 1
+# SLOT_REVOKE is the coordinator's: set, the child starts none of the rows it holds
+# (the coordinator gave them back, see Coordinator._revoke_waiting) and reports them
+# SKIPPED.
+SLOT_ID, SLOT_STARTED, SLOT_REVOKE = 0, 1, 2
+SLOT_SIZE = 3
 
 Row = tuple[int, str, str]  # execution id, source id, claim token
 Result = tuple[str, int, Any]
@@ -122,7 +126,8 @@ def run_group(worker: Any, alias: str, pending: deque[Row], slot: Any, stop: Any
     """Run rows from the front of ``pending`` in one transaction; return their results
     (rows it did not get to stay in ``pending``, unless it is stopping or the database
     went away: then they come back SKIPPED)."""
-    if stop.value:
+    if stop.value or slot[SLOT_REVOKE]:
+        slot[SLOT_REVOKE] = 0
         return _skip_all(pending)
     take = [pending.popleft() for _ in range(min(GROUP_ROWS, len(pending)))]
     done: list[Row] = []
@@ -178,6 +183,8 @@ def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slo
             for row in take:
                 if done and (stop.value or time.monotonic() >= deadline):
                     break
+                if not _may_start(slot, row):
+                    break  # revoked: the rest come back SKIPPED on the next call
                 done.append(row)
                 try:
                     with transaction.atomic(using=alias):
@@ -210,6 +217,17 @@ def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slo
     return results
 
 
+def _may_start(slot: Any, row: Row) -> bool:
+    """Announce the row, then look for a revocation: the coordinator sets the flag
+    before it reads the announced id, so one of the two always sees the other."""
+    slot[SLOT_STARTED] = time.monotonic()
+    slot[SLOT_ID] = row[0]
+    if slot[SLOT_REVOKE]:
+        slot[SLOT_ID] = 0
+        return False
+    return True
+
+
 def _load_sources(worker: Any, alias: str, rows: Sequence[Row]) -> dict[Any, Any]:
     to_python = worker.pk_field.to_python
     keys = [to_python(r[1]) for r in rows]
@@ -217,7 +235,6 @@ def _load_sources(worker: Any, alias: str, rows: Sequence[Row]) -> dict[Any, Any
 
 
 def _call_handler(worker: Any, sources: dict[Any, Any], row: Row, slot: Any) -> Any:
-    from .outcomes import Finished, Unfinished
 
     source = sources.get(worker.pk_field.to_python(row[1]))
     if source is None:
@@ -225,10 +242,14 @@ def _call_handler(worker: Any, sources: dict[Any, Any], row: Row, slot: Any) -> 
             f"{worker.source.__name__} with pk {row[1]!r} does not exist (deleted after "
             "it was claimed)."
         )
-    slot[SLOT_STARTED] = time.monotonic()
-    slot[SLOT_ID] = row[0]
     outcome = worker.handler(source)
     slot[SLOT_ID] = 0
+    return _checked(worker, outcome)
+
+
+def _checked(worker: Any, outcome: Any) -> Any:
+    from .outcomes import Finished, Unfinished
+
     if not isinstance(outcome, Finished | Unfinished):
         raise TypeError(
             f"Handler {worker.handler_path} returned {outcome!r}; "
@@ -261,22 +282,16 @@ def run(worker: Any, alias: str, execution_id: int, source_id: str, token: str,
     from django.db import transaction
 
     from .exceptions import LostClaim
-    from .outcomes import Finished, Unfinished
 
-    slot = slot if slot is not None else [0.0, 0.0]
+    slot = slot if slot is not None else [0.0] * SLOT_SIZE
     try:
         with transaction.atomic(using=alias):
             pk = worker.pk_field.to_python(source_id)
             source = worker.source._default_manager.using(alias).get(pk=pk)
             slot[SLOT_STARTED] = time.monotonic()
             slot[SLOT_ID] = execution_id
-            outcome = worker.handler(source)
+            outcome = _checked(worker, worker.handler(source))
             slot[SLOT_ID] = 0
-            if not isinstance(outcome, Finished | Unfinished):
-                raise TypeError(
-                    f"Handler {worker.handler_path} returned {outcome!r}; "
-                    "return Finished() or Unfinished()."
-                )
             if _write_outcome(alias, [(execution_id, source_id, token)], outcome) != 1:
                 raise LostClaim(f"Execution {execution_id} was claimed by another process")
         return (DONE, execution_id, outcome.status.value)

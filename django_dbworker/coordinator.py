@@ -324,8 +324,9 @@ class Coordinator:
                 self._claim_and_dispatch(now, drain)
             if now >= next_renew:
                 self._quietly(self._renew)
-                self._check_timeouts()
                 next_renew = now + renew_every
+            self._check_timeouts(now)
+            self._revoke_waiting(now)
             if not drain and now >= next_recover:
                 self._quietly(self._recover_expired)
                 next_recover = now + lease / 2
@@ -372,11 +373,14 @@ class Coordinator:
         if self._stop_deadline is not None:
             deadlines.append(self._stop_deadline)
         for pool in self.pools:
-            if pool.worker.timeout is not None:
-                for c in pool.busy:
-                    running = c.running()
-                    if running is not None:
-                        deadlines.append(running[1] + pool.worker.timeout)
+            for c in pool.busy:
+                running = c.running()
+                if running is None:
+                    continue
+                if pool.worker.timeout is not None:
+                    deadlines.append(running[1] + pool.worker.timeout)
+                if len(c.outstanding) > 1:
+                    deadlines.append(running[1] + pool.stuck_after())
         future = [d for d in deadlines if d > now]
         return min(min(future) - now, self.settings.max_poll_seconds) if future else 0.0
 
@@ -434,9 +438,9 @@ class Coordinator:
         for kind, execution_id, detail in results:
             claim = c.settle(execution_id)
             if kind == messages.SKIPPED:
-                c.sent -= 1
-                self.stats["released"] += 1
-                if claim is not None:
+                if claim is not None:  # (a revoked row was released already)
+                    c.sent -= 1
+                    self.stats["released"] += 1
                     self._quietly(self.bridge.release, claim, started=False)
                 continue
             ran += 1
@@ -502,9 +506,27 @@ class Coordinator:
                     except EOFError:
                         pass
 
-    def _check_timeouts(self) -> None:
+    def _revoke_waiting(self, now: float) -> None:
+        """Rows sent ahead to a child whose handler is stuck go back to the database,
+        claimable at once by anyone, instead of waiting behind it."""
         assert self.bridge is not None
-        now = time.monotonic()
+        for pool in self.pools:
+            for c in pool.busy:
+                stuck = pool.stuck_since(c)
+                if stuck is None or now < stuck or len(c.outstanding) < 2:
+                    continue
+                waiting = c.revoke_waiting()
+                for claim in waiting:
+                    self._quietly(self.bridge.release, claim, started=False)
+                    self.stats["released"] += 1
+                if waiting:
+                    logger.info("Worker %s: a handler has run for over %.1fs; %d row(s) "
+                                "waiting behind it were given back", pool.worker.name,
+                                now - stuck + pool.stuck_after(), len(waiting))
+                    self._backoff[pool.worker.name].wake()
+
+    def _check_timeouts(self, now: float) -> None:
+        assert self.bridge is not None
         for pool in self.pools:
             limit = pool.worker.timeout
             if limit is None:
@@ -531,6 +553,8 @@ class Coordinator:
     def _renew(self) -> None:
         assert self.bridge is not None
         self.bridge.renew(claim for pool in self.pools for claim in pool.claims())
+        if self.listener is None and self.bridge.vendor.notifies:
+            self._relisten()  # lost in an outage: back to wake-ups instead of polling
         if self._coordinator_id is None:
             self._register()
         else:

@@ -12,6 +12,8 @@ def discover_workers() -> None:
     modules = conf.value("WORKER_MODULES")
     if modules is None:
         autodiscover_modules("workers")
-    else:
+    elif isinstance(modules, list | tuple) and all(isinstance(m, str) for m in modules):
         for module in modules:
             import_module(module)
+    # Anything else is reported by the system check django_dbworker.E006, which can
+    # only run if start-up gets that far.

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from .bridge import Claim
-from .child import SLOT_ID, SLOT_STARTED, child_main
+from .child import SLOT_ID, SLOT_REVOKE, SLOT_SIZE, SLOT_STARTED, child_main
 from .registry import Worker
 
 logger = logging.getLogger("django_dbworker.pool")
@@ -25,7 +26,7 @@ class Child:
         parent_end, child_end = SPAWN.Pipe()
         # Shared memory the child writes before each handler (see child.SLOT_*): no
         # message per row, yet the coordinator knows what runs since when.
-        self.slot = SPAWN.RawArray("d", 2)
+        self.slot = SPAWN.RawArray("d", SLOT_SIZE)
         self.process = SPAWN.Process(
             target=child_main,
             args=(child_end, worker.name, worker.handler_path, databases, alias, self.slot,
@@ -54,6 +55,30 @@ class Child:
         if execution_id == 0 or int(self.slot[SLOT_ID]) != execution_id:
             return None  # between handlers (or it just moved on)
         return execution_id, started
+
+    def waiting_behind(self, execution_id: int) -> list[Claim]:
+        """Rows sent after ``execution_id``: not started while it runs (rows sent before
+        it and still unreported are done, in its uncommitted group)."""
+        ids = list(self.outstanding)
+        if execution_id not in ids:
+            return []
+        return [self.outstanding[i] for i in ids[ids.index(execution_id) + 1:]]
+
+    def revoke_waiting(self) -> list[Claim]:
+        """Take back the rows waiting behind the running handler. The flag is set
+        before the running id is read (the child announces an id, then reads the
+        flag), so a row is either taken back here or started there, never both."""
+        running = self.running()
+        if running is None:
+            return []
+        self.slot[SLOT_REVOKE] = 1
+        if int(self.slot[SLOT_ID]) != running[0]:
+            return []  # it moved on: the flag makes it hand back the rest as SKIPPED
+        waiting = self.waiting_behind(running[0])
+        for claim in waiting:
+            del self.outstanding[claim.execution_id]
+        self.sent -= len(waiting)
+        return waiting
 
     def send(self, claims: list[Claim]) -> None:
         self.conn.send([(c.execution_id, c.source_id, c.token) for c in claims])
@@ -99,7 +124,12 @@ class Pool:
 
     AHEAD_SECONDS = 0.1
     MAX_AHEAD = 32
-    FIRST_AHEAD = 4  # before any handler has been timed
+    FIRST_AHEAD = 1  # before any handler has been timed
+    # A handler running this much longer than usual (and at least STUCK_SECONDS) is
+    # "stuck": its child gets no more rows, and the rows waiting behind it are given
+    # back so that other children and coordinators can run them.
+    STUCK_FACTOR = 20
+    STUCK_SECONDS = 0.5
 
     def __init__(self, worker: Worker, concurrency: int, databases: dict[str, str],
                  alias: str, stop: Any) -> None:
@@ -147,10 +177,21 @@ class Pool:
             ahead = min(ahead, limit - child.sent)  # it retires after `limit` rows
         return max(ahead, 0)
 
+    def stuck_after(self) -> float:
+        return max(self.STUCK_SECONDS, self.STUCK_FACTOR * (self.row_seconds or 0.0))
+
+    def stuck_since(self, child: Child) -> float | None:
+        """When the running handler of ``child`` counts as stuck (monotonic), if any."""
+        running = child.running()
+        return running[1] + self.stuck_after() if running else None
+
     def room(self, child: Child) -> int:
         """Rows to send this child now: none until it is down to half its share (so
-        claims come in batches), then enough to fill it."""
+        claims come in batches), then enough to fill it; none while it is stuck."""
         if not child.ready or not child.process.is_alive():
+            return 0
+        stuck = self.stuck_since(child)
+        if stuck is not None and time.monotonic() >= stuck:
             return 0
         capacity = self.capacity(child)
         held = len(child.outstanding)

@@ -132,3 +132,26 @@ def test_claims_of_a_coordinator_that_died_on_this_machine_are_released_at_once(
     assert execution(doc).status == "finished"
     assert effects("docs") == {str(doc.pk): 1}
     assert not CoordinatorHeartbeat.objects.filter(pid=proc.pid).exists()
+
+
+def test_rows_sent_ahead_to_a_child_are_given_back_when_its_handler_is_stuck():
+    """Quick handlers earn a child rows ahead of need; when the one it runs then hangs,
+    the rows behind it go back to the database and another child runs them."""
+    coordinator = Coordinator(["docs"], concurrency=2)
+    coordinator.start()
+    try:
+        warm = Document.objects.bulk_create([Document() for _ in range(40)])
+        wait_for(lambda: effects("docs").total() == len(warm), timeout=60)
+        slow = Document.objects.create(behaviour="sleep:8")
+        quick = Document.objects.bulk_create([Document() for _ in range(10)])
+        if connection.vendor == "sqlite":
+            # One writer: nothing commits while the slow handler's transaction is open.
+            wait_for(lambda: all(execution(d).status == "finished" for d in [slow, *quick]),
+                     timeout=60)
+        else:
+            wait_for(lambda: all(execution(d).status == "finished" for d in quick), timeout=30)
+            assert execution(slow).status == "working"  # they did not wait for it
+    finally:
+        coordinator.stop()
+    assert effects("docs") == {str(d.pk): 1 for d in [*warm, slow, *quick]}
+    assert execution(slow).status == "finished"

@@ -181,7 +181,7 @@ def _claim_and_run_group(worker_name, n, tamper=None):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.child import run_group
+    from django_dbworker.child import SLOT_SIZE, run_group
 
     bridge = Bridge()
     try:
@@ -191,7 +191,7 @@ def _claim_and_run_group(worker_name, n, tamper=None):
     if tamper:
         tamper(claims)
     pending = deque((c.execution_id, c.source_id, c.token) for c in claims)
-    results = run_group(registry[worker_name], "default", pending, RawArray("d", 2),
+    results = run_group(registry[worker_name], "default", pending, RawArray("d", SLOT_SIZE),
                         RawValue("b", 0))
     return claims, results, pending
 
@@ -223,11 +223,12 @@ def test_a_lost_claim_in_a_group_discards_that_row_and_keeps_the_others():
     assert Execution.objects.get(pk=claims[2].execution_id).status == ExecutionStatus.WORKING
 
 
-def test_a_stopping_child_hands_back_rows_it_has_not_started():
+@pytest.mark.parametrize("why", ["stopping", "revoked"])
+def test_a_child_hands_back_rows_it_has_not_started(why):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.child import run_group
+    from django_dbworker.child import SLOT_REVOKE, SLOT_SIZE, run_group
 
     [Document.objects.create() for _ in range(3)]
     bridge = Bridge()
@@ -236,6 +237,9 @@ def test_a_stopping_child_hands_back_rows_it_has_not_started():
     finally:
         bridge.close()
     pending = deque((c.execution_id, c.source_id, c.token) for c in claims)
-    results = run_group(registry["docs"], "default", pending, RawArray("d", 2), RawValue("b", 1))
+    slot, stop = RawArray("d", SLOT_SIZE), RawValue("b", why == "stopping")
+    slot[SLOT_REVOKE] = why == "revoked"
+    results = run_group(registry["docs"], "default", pending, slot, stop)
     assert [kind for kind, _, _ in results] == ["skipped"] * 3
+    assert slot[SLOT_REVOKE] == 0  # a revocation is answered once
     assert effects("docs") == {}

@@ -35,3 +35,16 @@ class Effect(models.Model):
     worker = models.CharField(max_length=50)
     source_id = models.CharField(max_length=64)
     pid = models.IntegerField(default=0)
+
+
+class FaultJob(models.Model):
+    """Rows for tests/test_faults.py: handlers past their timeout, recycled children."""
+
+    behaviour = models.CharField(max_length=30, default="ok")
+
+
+class StressJob(models.Model):
+    """Rows for tests/test_stress.py and the database-restart test: the `stress` handler
+    sleeps `delay` seconds inside its transaction, then records its business effect."""
+
+    delay = models.FloatField(default=0.0)

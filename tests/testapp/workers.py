@@ -1,13 +1,17 @@
 """Workers the tests drive. Behaviour is data-driven (children import these by name)."""
 
 import os
+import re
+import tempfile
 import time
+from pathlib import Path
 
 from django.db import transaction
 
 from django_dbworker import ExecutionStatus, Finished, Unfinished, has_execution_status, worker
+from django_dbworker.models import Execution
 
-from .models import Document, Effect, Tag, UuidItem
+from .models import Document, Effect, FaultJob, StressJob, Tag, UuidItem
 
 
 def effect(name: str, key) -> None:
@@ -88,3 +92,48 @@ def handle_tag(tag: Tag):
 def retrying(tag: Tag):
     effect("retrying", tag.pk)
     raise RuntimeError("always fails")
+
+
+# -- tests/test_faults.py and tests/test_stress.py --------------------------------------
+
+def pid_file(worker_name: str, key) -> Path:
+    """Where a handler leaves its pid outside the database (it survives a rollback)."""
+    from django.db import connection
+
+    database = re.sub(r"\W+", "_", str(connection.settings_dict["NAME"]))
+    return Path(tempfile.gettempdir()) / f"dbworker-{database}-{worker_name}-{key}.pid"
+
+
+@worker(name="timed", source=FaultJob, concurrency=2, timeout=3,
+        eligible=lambda: FaultJob.objects.filter(behaviour__in=["ok", "hang"]))
+def timed(job: FaultJob):
+    effect("timed", job.pk)  # rolled back when the child is killed past its timeout
+    if job.behaviour == "hang":
+        pid_file("timed", job.pk).write_text(str(os.getpid()))
+        time.sleep(120)
+    return Finished()
+
+
+@worker(name="timed_retry", source=FaultJob, timeout=3, max_attempts=2, retry_backoff=3600,
+        eligible=lambda: FaultJob.objects.filter(behaviour="hang_once"))
+def timed_retry(job: FaultJob):
+    effect("timed_retry", job.pk)
+    attempts = Execution.objects.get(worker="timed_retry", source_id=str(job.pk)).attempts
+    if attempts == 1:  # the first attempt hangs; the retry finishes
+        time.sleep(120)
+    return Finished()
+
+
+@worker(name="recycled", source=FaultJob, concurrency=1, max_tasks_per_child=2,
+        eligible=lambda: FaultJob.objects.filter(behaviour="recycle"))
+def recycled(job: FaultJob):
+    effect("recycled", job.pk)  # records the child's pid
+    return Finished()
+
+
+@worker(name="stress", source=StressJob, concurrency=2)
+def stress(job: StressJob):
+    effect("stress", job.pk)  # the business effect, in the run's transaction
+    if job.delay:
+        time.sleep(job.delay)
+    return Finished()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
@@ -19,8 +20,9 @@ LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBU
 
 def concurrency_pair(text: str) -> tuple[str, int]:
     name, sep, number = text.partition("=")
-    if not sep or not number.isdigit() or int(number) < 1:
-        raise ValueError(text)
+    if not name or not sep or not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use NAME=N with a worker name and N >= 1, e.g. ocr=4")
     return name, int(number)
 
 

@@ -1,0 +1,106 @@
+"""Process helpers for the fault and stress tests: read a runworkers process's output while
+it runs, find its worker children, restart the local PostgreSQL cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+
+class Output:
+    """Collects a process's stdout and stderr in threads, so that a long run never blocks
+    on a full pipe, and the text can be inspected while it runs."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._read, args=(proc.stdout, self._out), daemon=True),
+            threading.Thread(target=self._read, args=(proc.stderr, self._err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self._out)
+
+    @property
+    def err(self) -> str:
+        return "".join(self._err)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for t in self._threads:
+            t.join(timeout=10)
+        return code
+
+
+def worker_children(parent: int) -> list[int]:
+    """Pids of the spawned worker children of ``parent`` (not multiprocessing's resource
+    tracker). Reads /proc: psutil may not be installed, and /proc/<pid>/task/*/children
+    needs a kernel option that is not always set."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        if b"spawn_main" in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def is_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def postgresql_restart_command(server_url: str) -> list[str]:
+    """The command that restarts the local PostgreSQL cluster (fast shutdown: open
+    connections are cut). Call it before setting anything up.
+
+    Without pg_ctlcluster (or with a remote server) the test cannot run: a skip locally,
+    a failure with CI=true, as for an unreachable server."""
+    host = urlsplit(server_url).hostname
+    ctl = shutil.which("pg_ctlcluster")
+    problem = None
+    if host not in ("127.0.0.1", "localhost", "::1", None, ""):
+        problem = f"PostgreSQL at {host} is not local: this test restarts the local cluster"
+    elif ctl is None or not Path("/etc/postgresql").is_dir() or not os.listdir("/etc/postgresql"):
+        problem = ("pg_ctlcluster is missing: this test restarts the local PostgreSQL cluster "
+                   "(install postgresql-common, see scripts/system-packages.sh)")
+    if problem:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    versions = sorted(os.listdir("/etc/postgresql"),
+                      key=lambda v: [int(p) if p.isdigit() else 0 for p in v.split(".")])
+    return [str(ctl), "--skip-systemctl-redirect", versions[-1], "main", "restart"]
+
+
+def run_command(command: list[str], timeout: float = 180) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(command)} failed: {result.stdout}{result.stderr}"
