@@ -441,6 +441,40 @@ def scale_out(processes: int, n: int, cfg: Cfg) -> dict[str, Any]:
     return result
 
 
+def memory(n: int, cfg: Cfg) -> dict[str, Any]:
+    """One long drain on PostgreSQL with RSS sampled throughout: the coordinator's and
+    each child's resident memory early in the run (10-20% of it) against its end."""
+    db = "postgres"
+    reset(db)
+    queue_jobs(db, n)
+    analyze(db)
+    tree = runworkers(db, "bench", drain=True, log=cfg.log)
+    code = tree.wait(cfg.timeout, every=0.5)
+    tree.stop()
+    samples = [x for x in tree.samples if x[2]]
+    if len(samples) < 10:
+        return {"jobs": n, "exit_code": code, "error": "too few samples"}
+    t0, t1 = samples[0][0], samples[-1][0]
+    early = [x for x in samples if t0 + 0.1 * (t1 - t0) <= x[0] <= t0 + 0.2 * (t1 - t0)]
+    late = [x for x in samples if x[0] >= t0 + 0.9 * (t1 - t0)]
+
+    def mb(xs: list[Any], pick: Any) -> float:
+        return round(statistics.median(pick(x) for x in xs), 1)
+
+    result = summarize_drain(db, "dbworker", n, t1 - t0)
+    result.update(
+        exit_code=code,
+        coordinator_mb_early=mb(early, lambda x: x[1]),
+        coordinator_mb_end=mb(late, lambda x: x[1]),
+        child_mb_early=mb(early, lambda x: max(x[2])),
+        child_mb_end=mb(late, lambda x: max(x[2])),
+    )
+    result["coordinator_growth_mb"] = round(
+        result["coordinator_mb_end"] - result["coordinator_mb_early"], 1)
+    result["child_growth_mb"] = round(result["child_mb_end"] - result["child_mb_early"], 1)
+    return result
+
+
 # -- reporting --------------------------------------------------------------------------
 def percentile(values: list[float], p: float) -> float:
     if len(values) == 1:
@@ -529,10 +563,24 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"  {name:<38}{fmt(row['jobs_per_s']):>10}{fmt(row['duplicates']):>11}"
               f"{fmt(row['finished']):>10}")
     print()
+    if s.get("memory"):
+        m = s["memory"]
+        print(f"Memory over one drain of {cfg['memory_jobs']:,} jobs on PostgreSQL "
+              "(RSS MB, early = 10-20% into the run)")
+        print(f"  {'process':<38}{'early':>10}{'end':>10}{'growth':>10}")
+        print(f"  {'coordinator':<38}{fmt(m['coordinator_mb_early']):>10}"
+              f"{fmt(m['coordinator_mb_end']):>10}{fmt(m['coordinator_growth_mb']):>10}")
+        print(f"  {'largest child':<38}{fmt(m['child_mb_early']):>10}"
+              f"{fmt(m['child_mb_end']):>10}{fmt(m['child_growth_mb']):>10}")
+        print(f"  ({fmt(m['jobs_per_s'])} jobs/s, {m['done']:,} done, "
+              f"{m['duplicates']} ran twice)")
+        print()
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {}}
+    if raw.get("memory"):
+        out["memory"] = raw["memory"][-1]  # one long run: it is its own repeat
     for name, runs in raw["drain"].items():
         rss = [r.get("rss") or {} for r in runs]
         out["drain"][name] = {
@@ -573,10 +621,11 @@ def main() -> int:
     parser.add_argument("--history-rows", type=int)
     parser.add_argument("--history-new", type=int)
     parser.add_argument("--scale-jobs", type=int)
+    parser.add_argument("--memory-jobs", type=int)
     parser.add_argument("--databases", default=",".join(ALL_DBS),
                         help="comma-separated subset of postgres,mysql,sqlite")
-    parser.add_argument("--only", default="drain,pickup,history,scale",
-                        help="comma-separated subset of drain,pickup,history,scale")
+    parser.add_argument("--only", default="drain,pickup,history,scale,memory",
+                        help="comma-separated subset of drain,pickup,history,scale,memory")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds one drain may take before it is stopped")
     cfg = parser.parse_args(namespace=Cfg())
@@ -587,6 +636,7 @@ def main() -> int:
     cfg.history_rows = cfg.history_rows or (10_000 if quick else 100_000)
     cfg.history_new = cfg.history_new or (250 if quick else 1000)
     cfg.scale_jobs = cfg.scale_jobs or (400 if quick else 5000)
+    cfg.memory_jobs = cfg.memory_jobs or (5000 if quick else 100_000)
     only = set(cfg.only.split(","))
 
     ensure_deps()
@@ -607,13 +657,14 @@ def main() -> int:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "full",
         "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples",
-                                                 "history_rows", "history_new", "scale_jobs")},
+                                                 "history_rows", "history_new", "scale_jobs", "memory_jobs")},
         "machine": machine(), "servers": server_versions(dbs),
     }
     from django.conf import settings
 
     report["config"]["dbworker_settings"] = settings.DBWORKER
-    raw: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {}}
+    raw: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {},
+                           "memory": []}
     names = {"postgres": "PostgreSQL", "mysql": "MariaDB/MySQL", "sqlite": "SQLite"}
 
     def step(label: str) -> None:
@@ -659,12 +710,15 @@ def main() -> int:
                 step(f"scale-out x{n} (run {r + 1})")
                 raw["scale_out"].setdefault(f"{n} process(es)", []).append(
                     scale_out(n, cfg.scale_jobs, cfg))
+    if "memory" in only and "postgres" in dbs:
+        step(f"memory: one drain of {cfg.memory_jobs:,} jobs")
+        raw["memory"].append(memory(cfg.memory_jobs, cfg))
     report["summary"] = summarize(raw)
     report["runs"] = raw
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     # A partial run (--only, --databases) never replaces the dated or latest results.
-    partial = only != {"drain", "pickup", "history", "scale"} or len(dbs) < len(ALL_DBS)
+    partial = only != {"drain", "pickup", "history", "scale", "memory"} or len(dbs) < len(ALL_DBS)
     dated = RESULTS / f"{stamp}{'-quick' if quick else ''}{'-partial' if partial else ''}.json"
     paths = [dated] if partial else [dated, RESULTS / "latest.json"]
     for path in paths:
