@@ -26,6 +26,8 @@ from importlib import import_module
 from multiprocessing.connection import Connection
 from typing import Any
 
+from . import failpoints
+
 # Messages from a child to its coordinator.
 READY = "ready"  # (READY, pid)
 SETUP_FAILED = "setup_failed"  # (SETUP_FAILED, traceback)
@@ -82,6 +84,7 @@ def child_main(conn: Connection, worker_name: str, handler_path: str,
             return  # the coordinator is gone
         started = time.monotonic()
         results = run_group(worker, alias, pending, slot, stop)
+        failpoints.reached("child.after_commit")
         conn.send((RESULTS, results, time.monotonic() - started))
 
 
@@ -207,6 +210,7 @@ def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slo
             for outcome, rows in by_status.values():
                 if _write_outcome(alias, rows, outcome) != len(rows):
                     raise _GroupFailed  # a claim was lost: find out which, one by one
+            failpoints.reached("child.before_commit")
     except (_DatabaseGone, _GroupFailed):
         raise
     except DatabaseError as exc:  # the group's own statements, or its commit

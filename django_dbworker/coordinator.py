@@ -24,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from . import child as messages
-from . import conf
+from . import conf, failpoints
 from .bridge import DATABASE_ERRORS, Bridge, Listener, listener_for
 from .installation import missing_triggers
 from .pool import SPAWN, Child, Pool
@@ -311,6 +311,7 @@ class Coordinator:
                         self._stop_deadline = now + self.settings.shutdown_timeout
                     logger.info("Stopping: no new claims; waiting for %d running handler(s)",
                                 sum(len(p.busy) for p in self.pools))
+                failpoints.reached("coordinator.stopping")
                 if not any(p.busy for p in self.pools):
                     return
                 if self._stop_deadline is not None and now >= self._stop_deadline:
@@ -350,6 +351,7 @@ class Coordinator:
                     return
                 self._database_delay = self.settings.poll_seconds
                 if claims:
+                    failpoints.reached("coordinator.after_claim")
                     self.stats["claimed"] += len(claims)
                     for claim in pool.distribute(claims):  # a child died as we sent
                         self._quietly(self.bridge.release, claim, started=False)
@@ -473,6 +475,11 @@ class Coordinator:
             self.stats["crashed"] += 1
             logger.error("A child of worker %s died (exit code %s) while handling execution "
                          "%s; releasing the row", pool.worker.name, code, running[0])
+        elif c.outstanding:
+            logger.error("A child of worker %s died (exit code %s) between handlers; "
+                         "releasing the %d row(s) it had not reported on (a row it had "
+                         "already committed stays as committed)",
+                         pool.worker.name, code, len(c.outstanding))
         self._release_held(c, error=("ChildDied", f"The child process died with exit code "
                                                   f"{code} while running the handler."))
         if self._stopping and not pool.busy:
@@ -552,7 +559,9 @@ class Coordinator:
 
     def _renew(self) -> None:
         assert self.bridge is not None
+        failpoints.reached("coordinator.before_renew")
         self.bridge.renew(claim for pool in self.pools for claim in pool.claims())
+        failpoints.reached("coordinator.after_renew")
         if self.listener is None and self.bridge.vendor.notifies:
             self._relisten()  # lost in an outage: back to wake-ups instead of polling
         if self._coordinator_id is None:

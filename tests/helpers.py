@@ -42,12 +42,12 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 STARTED: list[subprocess.Popen] = []
 
 
-def runworkers(*args: str, **popen) -> subprocess.Popen:
+def runworkers(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
     """A real `manage.py runworkers` process on the test database (killed, with its
-    children, when the test ends: see conftest)."""
+    children, when the test ends: see conftest); ``env`` adds environment variables."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "runworkers", *args],
-        cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT, env=subprocess_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True, **popen,
     )
     STARTED.append(proc)
