@@ -105,3 +105,19 @@ def test_shutdown_timeout_acts_as_a_second_signal():
     assert proc.returncode == 0, err
     assert status_of(doc) == "pending"
     assert effects("docs") == {}
+
+
+def test_previous_signal_handlers_are_restored():
+    from django.core.management import call_command
+
+    def mine(signum, frame):
+        pass
+
+    before = {sig: signal.signal(sig, mine) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        call_command("runworkers", "--worker", "docs", "--drain", "-v0")
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
