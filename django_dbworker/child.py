@@ -116,7 +116,12 @@ def _set_up(worker_name: str, handler_path: str, databases: dict[str, str]) -> A
 
 
 class _GroupFailed(Exception):
-    """The group's transaction cannot commit as a whole; run its rows one at a time."""
+    """The group's transaction cannot commit as a whole; run its rows one at a time
+    (``claims_lost``: because some claim is gone; those rows are not run again)."""
+
+    def __init__(self, claims_lost: bool = False) -> None:
+        super().__init__()
+        self.claims_lost = claims_lost
 
 
 class _DatabaseGone(Exception):
@@ -143,13 +148,17 @@ def run_group(worker: Any, alias: str, pending: deque[Row], slot: Any, stop: Any
             results.append((INTERRUPTED, gone.row[0], _describe(gone.exc)))
         untouched = [r for r in take if r not in done and r is not gone.row]
         return results + [(SKIPPED, r[0], None) for r in untouched] + _skip_all(pending)
-    except _GroupFailed:
+    except _GroupFailed as failed:
         slot[SLOT_ID] = 0
         # Rolled back: run the rows it had reached (all of them if it failed before the
         # first) one per transaction, where each result stands alone.
         done[:] = done or take
+        lost = _lost_claims(alias, done) if failed.claims_lost else frozenset()
         results = []
         for i, row in enumerate(done):
+            if row[0] in lost:
+                results.append((LOST, row[0], None))
+                continue
             result = run(worker, alias, *row, slot=slot)
             results.append(result)
             if result[0] == INTERRUPTED:
@@ -209,7 +218,7 @@ def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slo
                 by_status.setdefault(outcome.status.value, (outcome, []))[1].append(done_row)
             for outcome, rows in by_status.values():
                 if _write_outcome(alias, rows, outcome) != len(rows):
-                    raise _GroupFailed  # a claim was lost: find out which, one by one
+                    raise _GroupFailed(claims_lost=True)
             failpoints.reached("child.before_commit")
     except (_DatabaseGone, _GroupFailed):
         raise
@@ -262,11 +271,10 @@ def _checked(worker: Any, outcome: Any) -> Any:
     return outcome
 
 
-def _write_outcome(alias: str, rows: list[Row], outcome: Any) -> int:
-    """One UPDATE for rows with the same outcome, each guarded by its own claim token."""
+def _held_guard(rows: Sequence[Row]) -> Any:
+    """Rows still held by these claims: each id with its own claim token, still working."""
     from django.db.models import Q
 
-    from .models import Execution
     from .status import ExecutionStatus
 
     by_token: dict[str, list[int]] = {}
@@ -275,8 +283,29 @@ def _write_outcome(alias: str, rows: list[Row], outcome: Any) -> int:
     guard = Q()
     for token, ids in by_token.items():
         guard |= Q(id__in=ids, claim_token=token)
-    return (Execution.objects.using(alias)
-            .filter(guard, status=ExecutionStatus.WORKING)
+    return guard & Q(status=ExecutionStatus.WORKING)
+
+
+def _lost_claims(alias: str, rows: Sequence[Row]) -> frozenset[int]:
+    """After the group rolled back: which of its rows no claim of ours holds any more
+    (rows that would only run to a lost claim again). Empty if the database cannot say."""
+    from django.db import DatabaseError
+
+    from .models import Execution
+
+    try:
+        held = set(Execution.objects.using(alias).filter(_held_guard(rows))
+                   .values_list("id", flat=True))
+    except DatabaseError:
+        return frozenset()
+    return frozenset(r[0] for r in rows if r[0] not in held)
+
+
+def _write_outcome(alias: str, rows: list[Row], outcome: Any) -> int:
+    """One UPDATE for rows with the same outcome, each guarded by its own claim token."""
+    from .models import Execution
+
+    return (Execution.objects.using(alias).filter(_held_guard(rows))
             .update(**outcome_values(outcome)))
 
 

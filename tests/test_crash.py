@@ -79,18 +79,20 @@ def test_a_frozen_coordinators_claim_ends_finished_exactly_once():
 
 
 def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
-    doc = Document.objects.create(behaviour="sleep:6")
+    doc = Document.objects.create(behaviour="sleep:20")
     stale = runworkers("--worker", "docs")
     try:
         wait_for(lambda: execution(doc).status == "working", timeout=60)
         first_token = execution(doc).claim_token
         os.kill(stale.pid, signal.SIGSTOP)  # the coordinator freezes: no lease renewal
-        # Its child keeps running. After the lease (3 s), another coordinator takes over.
+        # Its child keeps running (20 s). After the lease (3 s), another coordinator takes
+        # over, and its run, reading the row afresh, is quick.
+        Document.objects.filter(pk=doc.pk).update(behaviour="ok")
         wait_for(lambda: drain("docs")["finished"] == 1, timeout=60, interval=0.5)
         assert execution(doc).claim_token is None
     finally:
         os.kill(stale.pid, signal.SIGCONT)
-    time.sleep(4)  # the stale child wakes (6 s after it started) and tries to commit
+    # A graceful stop waits for the stale child, which wakes and tries to commit.
     stale.send_signal(signal.SIGTERM)
     _, err = stale.communicate(timeout=60)
     assert first_token
