@@ -602,11 +602,22 @@ class Coordinator:
 
     # -- database outages ---------------------------------------------------------------
     def _database_down(self, exc: BaseException) -> None:
+        if self._sqlite_busy(exc):
+            # Not an outage: a handler's transaction holds SQLite's only write lock (that
+            # is how SQLite works, see docs/troubleshooting.md). Try again soon, quietly.
+            logger.debug("SQLite is busy (a running handler holds its write lock); "
+                         "retrying in %.2fs", self.settings.poll_seconds)
+            self._database_down_until = time.monotonic() + self.settings.poll_seconds
+            return
         delay = self._database_delay
         logger.warning("Database unavailable (%s); retrying in %.1fs",
                        str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__, delay)
         self._database_down_until = time.monotonic() + delay
         self._database_delay = min(delay * 2, self.settings.max_poll_seconds)
+
+    def _sqlite_busy(self, exc: BaseException) -> bool:
+        return (self.bridge is not None and self.bridge.vendor.name == "sqlite"
+                and "database is locked" in str(exc))
 
     def _quietly(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
