@@ -241,15 +241,16 @@ def _may_start(slot: Any, row: Row) -> bool:
     return True
 
 
-def _load_sources(worker: Any, alias: str, rows: Sequence[Row]) -> dict[Any, Any]:
-    to_python = worker.pk_field.to_python
-    keys = [to_python(r[1]) for r in rows]
-    return worker.source._default_manager.using(alias).in_bulk(keys)
+def _load_sources(worker: Any, alias: str, rows: Sequence[Row]) -> dict[int, Any]:
+    """The source row of each execution id, with one query (missing ones: deleted)."""
+    keys = {r[0]: worker.pk_field.to_python(r[1]) for r in rows}
+    found = worker.source._default_manager.using(alias).in_bulk(set(keys.values()))
+    return {execution_id: found[key] for execution_id, key in keys.items() if key in found}
 
 
-def _call_handler(worker: Any, sources: dict[Any, Any], row: Row, slot: Any) -> Any:
+def _call_handler(worker: Any, sources: dict[int, Any], row: Row, slot: Any) -> Any:
 
-    source = sources.get(worker.pk_field.to_python(row[1]))
+    source = sources.get(row[0])
     if source is None:
         raise worker.source.DoesNotExist(
             f"{worker.source.__name__} with pk {row[1]!r} does not exist (deleted after "
@@ -310,13 +311,12 @@ def _write_outcome(alias: str, rows: list[Row], outcome: Any) -> int:
 
 
 def run(worker: Any, alias: str, execution_id: int, source_id: str, token: str,
-        slot: Any = None) -> Result:
+        slot: Any) -> Result:
     """Run one row in its own transaction (the fallback of a group that failed)."""
     from django.db import transaction
 
     from .exceptions import LostClaim
 
-    slot = slot if slot is not None else [0.0] * SLOT_SIZE
     try:
         with transaction.atomic(using=alias):
             pk = worker.pk_field.to_python(source_id)

@@ -188,8 +188,8 @@ class Pool:
     def room(self, child: Child) -> int:
         """Rows to send this child now: none until it is down to half its share (so
         claims come in batches), then enough to fill it; none while it is stuck."""
-        if not child.ready or not child.process.is_alive():
-            return 0
+        if not child.ready:
+            return 0  # (a dead child's send fails; its sentinel has it replaced)
         stuck = self.stuck_since(child)
         if stuck is not None and time.monotonic() >= stuck:
             return 0

@@ -53,6 +53,11 @@ class Vendor:
     # LIMIT) hashes the whole source table: claim cost would grow with history.
     fence_exists = False
 
+    def is_lock_contention(self, exc: BaseException) -> bool:
+        """Whether a failed statement only met another writer's lock (wait and retry),
+        rather than a database that went away."""
+        return False
+
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
         self.qn = connection.ops.quote_name
@@ -311,6 +316,10 @@ class SQLite(Vendor):
     # claimable> RETURNING, which no other process can interleave with.
     claim_mode = "conditional UPDATE"
     lock_of_table = False
+
+    def is_lock_contention(self, exc: BaseException) -> bool:
+        # One writer at a time: a handler's open transaction holds the lock.
+        return "database is locked" in str(exc)
 
     def key_needs_cast(self, pk_field: Any) -> bool:
         return super().key_needs_cast(pk_field) and pk_field.get_internal_type() != "UUIDField"
