@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -25,7 +25,7 @@ from django.db import connections
 
 from . import child as messages
 from . import conf, failpoints
-from .bridge import DATABASE_ERRORS, Bridge, Listener, listener_for
+from .bridge import DATABASE_ERRORS, Bridge, Claim, Listener, listener_for
 from .installation import missing_triggers
 from .pool import SPAWN, Child, Pool
 from .registry import Worker, registry
@@ -33,6 +33,7 @@ from .vendors import for_connection
 
 logger = logging.getLogger("django_dbworker.coordinator")
 CHILD_START_SECONDS = 120.0
+RELEASE_PATIENCE_SECONDS = 10.0  # at shutdown, for releases the database refused
 
 
 @dataclass
@@ -132,6 +133,9 @@ class Coordinator:
         self._database_down_until = 0.0
         self._database_delay = self.settings.poll_seconds
         self._error: BaseException | None = None
+        # Releases the database refused (down, or SQLite's lock held by a handler): kept,
+        # renewed like held rows, and retried until they are done.
+        self._unreleased: deque[tuple[Claim, bool, tuple[str, str] | None]] = deque()
         # Read by every child before it starts a row: set, they send back what they
         # have not started instead of running it.
         self._stop_flag = SPAWN.RawValue("b", 0)
@@ -286,6 +290,7 @@ class Coordinator:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
+        self._flush_releases(patience=RELEASE_PATIENCE_SECONDS)
         if self.bridge is not None:
             if self._coordinator_id is not None:
                 self._quietly(self.bridge.unregister_coordinator, self._coordinator_id)
@@ -312,7 +317,7 @@ class Coordinator:
                     logger.info("Stopping: no new claims; waiting for %d running handler(s)",
                                 sum(len(p.busy) for p in self.pools))
                 failpoints.reached("coordinator.stopping")
-                if not any(p.busy for p in self.pools):
+                if not any(p.busy for p in self.pools) and not self._unreleased:
                     return
                 if self._stop_deadline is not None and now >= self._stop_deadline:
                     logger.warning("Shutdown timeout reached: terminating running handlers")
@@ -323,6 +328,8 @@ class Coordinator:
                     self._quietly(self._recover_expired)
                     next_recover = now + renew_every
                 self._claim_and_dispatch(now, drain)
+            if self._unreleased and now >= self._database_down_until:
+                self._flush_releases()
             if now >= next_renew:
                 self._quietly(self._renew)
                 next_renew = now + renew_every
@@ -354,14 +361,14 @@ class Coordinator:
                     failpoints.reached("coordinator.after_claim")
                     self.stats["claimed"] += len(claims)
                     for claim in pool.distribute(claims):  # a child died as we sent
-                        self._quietly(self.bridge.release, claim, started=False)
+                        self._release(claim, started=False)
                     backoff.found_work()
                 else:
                     backoff.found_nothing(now)
 
     def _drained(self) -> bool:
         return all(
-            not p.busy and self._backoff[p.worker.name].exhausted
+            not p.busy and not self._unreleased and self._backoff[p.worker.name].exhausted
             for p in self.pools
         )
 
@@ -374,6 +381,8 @@ class Coordinator:
             deadlines.append(self._database_down_until)
         if self._stop_deadline is not None:
             deadlines.append(self._stop_deadline)
+        if self._unreleased:
+            deadlines.append(self._database_down_until)
         for pool in self.pools:
             for c in pool.busy:
                 running = c.running()
@@ -394,9 +403,12 @@ class Coordinator:
             for c in pool.children:
                 watched[c.conn] = ("message", (pool, c))
                 watched[c.sentinel] = ("exit", (pool, c))
+        exited: list[tuple[Pool, Child]] = []
         for ready in wait(list(watched), timeout=timeout):
             kind, where = watched[ready]
-            if kind == "wake":
+            if kind == "exit":
+                exited.append(where)
+            elif kind == "wake":
                 try:
                     os.read(self._wake_r, 1024)
                 except BlockingIOError:
@@ -406,11 +418,11 @@ class Coordinator:
             elif kind == "message":
                 self._on_message(*where)
         # Exits after messages: a child that sent its result and then died is handled
-        # as a finished row plus a dead child.
-        for pool in self.pools:
-            for c in list(pool.children):
-                if not c.process.is_alive() and c.process.exitcode is not None:
-                    self._on_child_exit(pool, c)
+        # as a finished row plus a dead child. (One retired meanwhile is already gone.)
+        for pool, c in exited:
+            if c in pool.children:
+                c.process.join(0)  # reap it, so that exitcode is set
+                self._on_child_exit(pool, c)
 
     def _on_notify(self) -> None:
         assert self.listener is not None
@@ -443,7 +455,7 @@ class Coordinator:
                 if claim is not None:  # (a revoked row was released already)
                     c.sent -= 1
                     self.stats["released"] += 1
-                    self._quietly(self.bridge.release, claim, started=False)
+                    self._release(claim, started=False)
                 continue
             ran += 1
             if kind == messages.DONE:
@@ -457,7 +469,7 @@ class Coordinator:
                 logger.warning("Worker %s: database error during execution %s (%s); "
                                "releasing it", pool.worker.name, execution_id, detail)
                 if claim is not None:
-                    self._quietly(self.bridge.release, claim, started=True)
+                    self._release(claim, started=True)
         pool.timed(ran, seconds)
         # A finished handler may have made rows eligible (here or for another worker).
         for backoff in self._backoff.values():
@@ -497,8 +509,7 @@ class Coordinator:
         running = c.running()
         for execution_id, claim in list(c.outstanding.items()):
             started = running is not None and running[0] == execution_id
-            self._quietly(self.bridge.release, claim, started=started,
-                          error=error if started else None)
+            self._release(claim, started=started, error=error if started else None)
             self.stats["released"] += 1
         c.outstanding.clear()
 
@@ -524,7 +535,7 @@ class Coordinator:
                     continue
                 waiting = c.revoke_waiting()
                 for claim in waiting:
-                    self._quietly(self.bridge.release, claim, started=False)
+                    self._release(claim, started=False)
                     self.stats["released"] += 1
                 if waiting:
                     logger.info("Worker %s: a handler has run for over %.1fs; %d row(s) "
@@ -560,7 +571,8 @@ class Coordinator:
     def _renew(self) -> None:
         assert self.bridge is not None
         failpoints.reached("coordinator.before_renew")
-        self.bridge.renew(claim for pool in self.pools for claim in pool.claims())
+        self.bridge.renew([*(claim for pool in self.pools for claim in pool.claims()),
+                           *(claim for claim, _, _ in self._unreleased)])
         failpoints.reached("coordinator.after_renew")
         if self.listener is None and self.bridge.vendor.notifies:
             self._relisten()  # lost in an outage: back to wake-ups instead of polling
@@ -600,12 +612,42 @@ class Coordinator:
                 c.kill()
             pool.children = []
 
+    # -- releases ------------------------------------------------------------------------
+    def _release(self, claim: Claim, *, started: bool,
+                 error: tuple[str, str] | None = None) -> None:
+        """Give a held row back now, or as soon as the database takes it."""
+        self._unreleased.append((claim, started, error))
+        self._flush_releases()
+
+    def _flush_releases(self, patience: float = 0.0) -> None:
+        """Retry the releases the database refused, in order; with ``patience`` (seconds,
+        at shutdown) keep trying that long before leaving the rest to their leases."""
+        if not self._unreleased:
+            return
+        assert self.bridge is not None
+        deadline = time.monotonic() + patience
+        while self._unreleased:
+            claim, started, error = self._unreleased[0]
+            try:
+                self.bridge.release(claim, started=started, error=error)
+            except DATABASE_ERRORS as exc:
+                self._database_down(exc)
+                if time.monotonic() >= deadline:
+                    if patience:
+                        logger.warning("%d row(s) could not be released; they become "
+                                       "claimable when their leases end",
+                                       len(self._unreleased))
+                    return
+                time.sleep(min(self.settings.poll_seconds, 1.0))
+                continue
+            self._unreleased.popleft()
+
     # -- database outages ---------------------------------------------------------------
     def _database_down(self, exc: BaseException) -> None:
-        if self._sqlite_busy(exc):
-            # Not an outage: a handler's transaction holds SQLite's only write lock (that
-            # is how SQLite works, see docs/troubleshooting.md). Try again soon, quietly.
-            logger.debug("SQLite is busy (a running handler holds its write lock); "
+        if self._lock_contention(exc):
+            # Not an outage: a handler's transaction holds the database's only write lock
+            # (SQLite, see docs/troubleshooting.md). Try again soon, quietly.
+            logger.debug("The database is busy (a running handler holds its write lock); "
                          "retrying in %.2fs", self.settings.poll_seconds)
             self._database_down_until = time.monotonic() + self.settings.poll_seconds
             return
@@ -615,9 +657,8 @@ class Coordinator:
         self._database_down_until = time.monotonic() + delay
         self._database_delay = min(delay * 2, self.settings.max_poll_seconds)
 
-    def _sqlite_busy(self, exc: BaseException) -> bool:
-        return (self.bridge is not None and self.bridge.vendor.name == "sqlite"
-                and "database is locked" in str(exc))
+    def _lock_contention(self, exc: BaseException) -> bool:
+        return self.bridge is not None and self.bridge.vendor.is_lock_contention(exc)
 
     def _quietly(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

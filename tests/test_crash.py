@@ -184,3 +184,25 @@ def holds_write_lock(pid, inode):
                     and fields[5].rsplit(":", 1)[-1] == str(inode)):
                 return True
     return False
+
+
+def test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_not_started():
+    """Stop claiming, let the running handler finish: the rows waiting behind it in its
+    child go back as they were (claimable now, attempt not counted), not left working."""
+    coordinator = Coordinator(["docs"], concurrency=1)
+    coordinator.start()
+    try:
+        warm = Document.objects.bulk_create([Document() for _ in range(40)])
+        wait_for(lambda: effects("docs").total() == len(warm), timeout=60)
+        slow, *waiting = Document.objects.bulk_create(
+            [Document(behaviour="sleep:2"), *[Document() for _ in range(10)]])
+        wait_for(lambda: execution(slow).status == "working", timeout=30)
+        assert len(coordinator.pools[0].children[0].outstanding) > 1  # rows were sent ahead
+    finally:
+        coordinator.stop()
+    assert execution(slow).status == "finished"
+    given_back = [execution(d) for d in waiting if str(d.pk) not in effects("docs")]
+    assert given_back, "every waiting row ran: nothing was sent ahead to give back"
+    assert {(e.status, e.attempts, e.claim_token) for e in given_back} == {("pending", 0, None)}
+    assert set(effects("docs").values()) == {1}  # none ran twice
+    assert not Execution.objects.filter(status="working").exists()
