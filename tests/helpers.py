@@ -74,3 +74,14 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: flo
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def running_marker(worker: str, key) -> Path:
+    """The file a test handler writes when it starts (see testapp.workers.pid_file),
+    cleared of any earlier run's. A claimed row ("working") may still wait in its
+    child's queue; this says the handler itself is running."""
+    from tests.testapp.workers import pid_file
+
+    path = pid_file(worker, key)
+    path.unlink(missing_ok=True)
+    return path

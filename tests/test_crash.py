@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_dbworker import Coordinator
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from tests.helpers import drain, effects, runworkers, wait_for
+from tests.helpers import drain, effects, running_marker, runworkers, wait_for
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,11 +24,12 @@ def execution(doc):
 
 def test_a_killed_child_is_replaced_and_its_row_runs_again_once():
     doc = Document.objects.create(behaviour="sleep:1.5")
+    started = running_marker("docs", doc.pk)
     other = Document.objects.create()
     coordinator = Coordinator(["docs"], concurrency=1)
     coordinator.start()
     try:
-        wait_for(lambda: execution(doc).status == "working", timeout=60)
+        wait_for(started.exists, timeout=60)  # the handler is running
         [child] = coordinator.pools[0].children
         os.kill(child.process.pid, signal.SIGKILL)
         wait_for(lambda: execution(doc).status == "finished" and execution(other).status == "finished",
@@ -58,8 +59,9 @@ def test_a_handler_longer_than_the_lease_keeps_its_row():
 
 def test_a_killed_coordinator_and_child_lose_nothing_the_lease_returns_the_row():
     doc = Document.objects.create(behaviour="sleep:30")
+    started = running_marker("docs", doc.pk)
     proc = runworkers("--worker", "docs")
-    wait_for(lambda: execution(doc).status == "working", timeout=60)
+    wait_for(started.exists, timeout=60)  # the handler is running
     os.killpg(proc.pid, signal.SIGKILL)  # the machine is gone: coordinator and children
     proc.communicate(timeout=30)
     assert execution(doc).status == "working"  # nobody released it
@@ -80,9 +82,10 @@ def test_a_frozen_coordinators_claim_ends_finished_exactly_once():
 
 def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
     doc = Document.objects.create(behaviour="sleep:20")
+    started = running_marker("docs", doc.pk)
     stale = runworkers("--worker", "docs")
     try:
-        wait_for(lambda: execution(doc).status == "working", timeout=60)
+        wait_for(started.exists, timeout=60)  # the handler is running
         first_token = execution(doc).claim_token
         os.kill(stale.pid, signal.SIGSTOP)  # the coordinator freezes: no lease renewal
         # Its child keeps running (20 s). After the lease (3 s), another coordinator takes
@@ -105,9 +108,10 @@ def sqlite_running_handler_cannot_be_taken_over():
     """SQLite has one writer: a running handler's transaction holds it, so no process can
     take its row over, even past the lease; the row finishes once, by its first claim."""
     doc = Document.objects.create(behaviour="sleep:5")
+    started = running_marker("docs", doc.pk)
     first = runworkers("--worker", "docs")
     try:
-        wait_for(lambda: execution(doc).status == "working", timeout=60)
+        wait_for(started.exists, timeout=60)  # the handler is running
         freeze_outside_a_write(first.pid)  # no renewals: the lease (3 s) runs out
         drain("docs")  # waits out the busy database, then finds nothing to take
     finally:
@@ -121,8 +125,9 @@ def test_claims_of_a_coordinator_that_died_on_this_machine_are_released_at_once(
     coordinator on the same host sees that process is gone and hands the rows over
     without waiting out the lease (here an hour: without the check nothing would run)."""
     doc = Document.objects.create(behaviour="sleep:30")
+    started = running_marker("docs", doc.pk)
     proc = runworkers("--worker", "docs")
-    wait_for(lambda: execution(doc).status == "working", timeout=60)
+    wait_for(started.exists, timeout=60)  # the handler is running
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)  # reaped: the pid no longer exists
     Execution.objects.filter(pk=execution(doc).pk).update(

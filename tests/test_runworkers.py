@@ -7,7 +7,7 @@ import pytest
 
 from django_dbworker import ExecutionStatus, execution_status
 from django_dbworker.models import Execution
-from tests.helpers import effects, runworkers, wait_for
+from tests.helpers import effects, running_marker, runworkers, wait_for
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,8 +59,9 @@ def test_two_coordinators_never_run_a_row_twice():
 
 def test_sigterm_finishes_running_handlers_then_exits_zero():
     doc = Document.objects.create(behaviour="sleep:2")
+    started = running_marker("docs", doc.pk)
     proc = runworkers("--worker", "docs")
-    wait_for(lambda: status_of(doc) == "working", timeout=60)
+    wait_for(started.exists, timeout=60)  # the handler is running
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -70,8 +71,9 @@ def test_sigterm_finishes_running_handlers_then_exits_zero():
 
 def test_a_second_signal_terminates_handlers_and_releases_their_claims_at_once():
     doc = Document.objects.create(behaviour="sleep:60")
+    started = running_marker("docs", doc.pk)
     proc = runworkers("--worker", "docs")
-    wait_for(lambda: status_of(doc) == "working", timeout=60)
+    wait_for(started.exists, timeout=60)  # the handler is running
     proc.send_signal(signal.SIGTERM)
     # Two signals sent at once reach Python's handler as one: wait for the first.
     while "finishing running handlers" not in proc.stderr.readline():
@@ -87,8 +89,9 @@ def test_a_second_signal_terminates_handlers_and_releases_their_claims_at_once()
 
 def test_children_ignore_ctrl_c_sent_to_the_process_group():
     doc = Document.objects.create(behaviour="sleep:2")
+    started = running_marker("docs", doc.pk)
     proc = runworkers("--worker", "docs")
-    wait_for(lambda: status_of(doc) == "working", timeout=60)
+    wait_for(started.exists, timeout=60)  # the handler is running
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -98,8 +101,9 @@ def test_children_ignore_ctrl_c_sent_to_the_process_group():
 
 def test_shutdown_timeout_acts_as_a_second_signal():
     doc = Document.objects.create(behaviour="sleep:60")
+    started = running_marker("docs", doc.pk)
     proc = runworkers("--worker", "docs", "--shutdown-timeout", "1")
-    wait_for(lambda: status_of(doc) == "working", timeout=60)
+    wait_for(started.exists, timeout=60)  # the handler is running
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

@@ -23,6 +23,7 @@ def effect(name: str, key) -> None:
 def handle_document(doc: Document):
     b = doc.behaviour
     if b.startswith("sleep:"):
+        pid_file("docs", doc.pk).write_text(str(os.getpid()))  # "the handler is running"
         time.sleep(float(b.split(":")[1]))
     if b == "fail":
         effect("docs", doc.pk)  # rolled back with the failure
