@@ -32,6 +32,7 @@ services:
 
 test: $(STAMP) services lint
 	PY=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
+	scripts/test-combos.sh $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check django_dbworker tests example_project benchmarks
@@ -49,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build dist *.egg-info
+	rm -rf $(VENV) .venv-combos .pytest_cache build dist *.egg-info

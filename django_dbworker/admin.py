@@ -7,8 +7,6 @@ the API uses), only as actions or the reset button, only with the change permiss
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.contrib import admin, messages
@@ -16,7 +14,7 @@ from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import connections
-from django.db.models import Count, Min, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.test.utils import CaptureQueriesContext
@@ -27,56 +25,20 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
 from . import conf
-from .admin_mixins import DBWorkerStatusMixin, report_counts
-from .models import CoordinatorHeartbeat, Execution, ExecutionQuerySet
+from .admin_mixins import DBWorkerStatusMixin, change_and_log, report_counts
+from .dashboard import FINISHED_COUNT_LIMIT, Dashboard, format_age
+from .models import Execution, ExecutionQuerySet
 from .registry import registry
 from .status import ExecutionStatus
 from .templatetags.dbworker import STYLESHEET, status_badge
 
-__all__ = ["DBWorkerStatusMixin", "ExecutionAdmin"]
+__all__ = ["DBWorkerStatusMixin", "ExecutionAdmin", "TaskAdmin", "format_age"]
 
 ERROR_SUMMARY_LENGTH = 120
-MAX_COORDINATORS_SHOWN = 50
-# FINISHED rows are the history and grow without bound; the dashboard counts them up to
-# this many per worker (then shows "N+"), so a page view never reads the whole history.
-FINISHED_COUNT_LIMIT = 10_000
-BACKLOG = [s for s in ExecutionStatus if s != ExecutionStatus.FINISHED]
 
 
 def _database() -> str:
     return conf.value("DATABASE")
-
-
-def live_window() -> timedelta:
-    """How recent a heartbeat must be for its coordinator to count as live.
-
-    Coordinators beat every LEASE_SECONDS / 3 (with their lease renewals); three missed
-    beats is the point at which their claims expire too, so it is the same verdict.
-    """
-    return timedelta(seconds=float(conf.value("LEASE_SECONDS")))
-
-
-def run_again(queryset: QuerySet[Execution]) -> int:
-    """FINISHED -> UNFINISHED: claimable again when eligible, from a clean slate.
-
-    Belongs on ExecutionQuerySet beside reset_failed(); see the proposed change in the
-    admin issue. Kept to one UPDATE guarded by status so a concurrent claim cannot race it.
-    """
-    return queryset.filter(status=ExecutionStatus.FINISHED).update(
-        status=ExecutionStatus.UNFINISHED, claim_token=None, lease_expires_at=None,
-        next_attempt_at=None, attempts=0, error_type=None, error_message=None,
-        error_traceback=None, finished_at=None, updated_at=timezone.now(),
-    )
-
-
-def format_age(age: timedelta) -> str:
-    """Two units are enough at a glance: "3d 4h", "12m 5s", "8s"."""
-    seconds = int(age.total_seconds())
-    parts = [(seconds // 86400, "d"), (seconds // 3600 % 24, "h"), (seconds // 60 % 60, "m"),
-             (seconds % 60, "s")]
-    while len(parts) > 1 and parts[0][0] == 0:
-        parts.pop(0)
-    return " ".join(f"{n}{unit}" for n, unit in parts[:2])
 
 
 class WorkerFilter(admin.SimpleListFilter):
@@ -184,14 +146,16 @@ class ExecutionAdmin(admin.ModelAdmin):
     @admin.action(description="Reset failed executions (claimable again)", permissions=["change"])
     def reset_failed(self, request: HttpRequest, queryset: ExecutionQuerySet) -> None:
         selected = queryset.count()
-        changed = queryset.reset_failed()
+        changed = len(change_and_log(request, queryset, "reset_failed",
+                                     "Reset failed execution."))
         report_counts(self, request, changed=changed, skipped=selected - changed,
                       done="Reset failed executions", why_skipped="not failed")
 
     @admin.action(description="Run finished executions again", permissions=["change"])
     def run_again(self, request: HttpRequest, queryset: ExecutionQuerySet) -> None:
         selected = queryset.count()
-        changed = queryset.run_again()
+        changed = len(change_and_log(request, queryset, "run_again",
+                                     "Queued finished execution to run again."))
         report_counts(self, request, changed=changed, skipped=selected - changed,
                       done="Queued finished executions to run again",
                       why_skipped="not finished")
@@ -202,9 +166,70 @@ class ExecutionAdmin(admin.ModelAdmin):
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             path("dashboard/", wrap(self.dashboard_view), name="django_dbworker_dashboard"),
+            path("dashboard/pause/<str:worker>/", wrap(self.pause_view),
+                 name="django_dbworker_pause"),
+            path("why/<str:worker>/<path:source_id>/", wrap(self.why_view),
+                 name="django_dbworker_why"),
             path("<path:object_id>/reset/", wrap(self.reset_view), name=f"{info}_reset"),
             *super().get_urls(),
         ]
+
+    def pause_view(self, request: HttpRequest, worker: str) -> HttpResponse:
+        """POST pauses or resumes (``action``) a worker; change permission only, and in
+        the admin history (the WorkerPause row: added on pause, deleted on resume)."""
+        from django.contrib.admin.models import ADDITION, DELETION, LogEntry
+
+        from .models import WorkerPause
+        from .pauses import pause, resume
+
+        if request.method != "POST" or not self.has_change_permission(request):
+            raise PermissionDenied
+        if worker not in registry:
+            raise PermissionDenied
+        back = reverse("admin:django_dbworker_dashboard")
+        if request.POST.get("action") == "resume":
+            record = WorkerPause.objects.using(_database()).filter(worker=worker).first()
+            if resume(worker) and record is not None:
+                LogEntry.objects.log_actions(user_id=request.user.pk,  # type: ignore[call-overload]
+                                             queryset=[record],
+                                             action_flag=DELETION, change_message="Resumed.",
+                                             single_object=True)
+                self.message_user(request, f"Worker {worker} resumed.", messages.SUCCESS)
+            return HttpResponseRedirect(back)
+        who = request.user.get_username()
+        if pause(worker, by=who, reason=request.POST.get("reason", "")):
+            record = WorkerPause.objects.using(_database()).get(worker=worker)
+            LogEntry.objects.log_actions(user_id=request.user.pk,  # type: ignore[call-overload]
+                                             queryset=[record],
+                                         action_flag=ADDITION, change_message="Paused.",
+                                         single_object=True)
+            self.message_user(request, f"Worker {worker} paused: coordinators claim none of "
+                              "its rows (running handlers finish).", messages.SUCCESS)
+        else:
+            self.message_user(request, f"Worker {worker} was paused already.", messages.WARNING)
+        return HttpResponseRedirect(back)
+
+    def why_view(self, request: HttpRequest, worker: str, source_id: str) -> HttpResponse:
+        """Why is this row not running? One finding per part that decides it."""
+        from .diagnosis import diagnose
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if worker not in registry:
+            return HttpResponseRedirect(reverse("admin:django_dbworker_dashboard"))
+        w = registry[worker]
+        source = unquote(source_id)
+        findings = diagnose(worker, w.pk_field.to_python(source))
+        execution = Execution.objects.using(_database()).filter(
+            worker=worker, source_id=source).first()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Why is {w.source._meta.verbose_name} {source} not running ({worker})?",
+            "subtitle": None, "opts": self.opts, "app_label": self.opts.app_label,
+            "findings": findings, "blocking": [f for f in findings if f.blocking],
+            "execution": execution, "media": self.media,
+        }
+        return TemplateResponse(request, "admin/django_dbworker/why.html", context)
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -259,6 +284,7 @@ class ExecutionAdmin(admin.ModelAdmin):
         elapsed_ms = (time.perf_counter() - started) * 1000
         context = {
             **self.admin_site.each_context(request),
+            "can_pause": self.has_change_permission(request),
             "title": "Background work dashboard",
             "subtitle": None,
             "opts": self.opts,
@@ -270,107 +296,10 @@ class ExecutionAdmin(admin.ModelAdmin):
             "finished_limit": FINISHED_COUNT_LIMIT,
             "media": self.media,
         }
-        return TemplateResponse(request, "admin/django_dbworker/dashboard.html", context)
+        # ?fragment: just the figures, which the page fetches again every few seconds.
+        template = ("admin/django_dbworker/dashboard_figures.html" if "fragment" in request.GET
+                    else "admin/django_dbworker/dashboard.html")
+        return TemplateResponse(request, template, context)
 
 
-@dataclass
-class WorkerSummary:
-    name: str
-    registered: bool
-    counts: dict[str, int] = field(default_factory=dict)
-    finished_capped: bool = False  # more FINISHED rows than FINISHED_COUNT_LIMIT
-    oldest_waiting: timedelta | None = None
-    failed_last_hour: int = 0
-    expired_leases: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    @property
-    def oldest_waiting_display(self) -> str:
-        return "" if self.oldest_waiting is None else format_age(self.oldest_waiting)
-
-    def cells(self) -> list[tuple[str, int, bool]]:
-        """(status, count, whether the count is a lower bound) per status, in order."""
-        return [(s.value, self.counts.get(s.value, 0),
-                 self.finished_capped and s == ExecutionStatus.FINISHED)
-                for s in ExecutionStatus]
-
-
-@dataclass
-class CoordinatorRow:
-    host: str
-    pid: int
-    workers: list[str]
-    started_at: datetime
-    heartbeat_at: datetime
-    live: bool
-
-
-@dataclass
-class Dashboard:
-    """Bounded queries, whatever the history size (each says which index serves it): five,
-    plus one per worker for its capped FINISHED count."""
-
-    workers: list[WorkerSummary]
-    coordinators: list[CoordinatorRow]
-    live_window: timedelta
-
-    @property
-    def live_coordinators(self) -> int:
-        return sum(c.live for c in self.coordinators)
-
-    @property
-    def totals(self) -> list[tuple[str, int, bool]]:
-        capped = any(w.finished_capped for w in self.workers)
-        return [(s.value, sum(w.counts.get(s.value, 0) for w in self.workers),
-                 capped and s == ExecutionStatus.FINISHED)
-                for s in ExecutionStatus]
-
-    @classmethod
-    def collect(cls, database: str, now: datetime) -> Dashboard:
-        executions = Execution.objects.using(database).order_by()
-        summaries = {name: WorkerSummary(name, True) for name in sorted(registry)}
-
-        def summary(name: str) -> WorkerSummary:
-            return summaries.setdefault(name, WorkerSummary(name, False))
-
-        # The backlog (everything but FINISHED): a range of the (status, ...) index, so the
-        # cost follows the work waiting or failed, not the history.
-        for worker, status, n in (executions.filter(status__in=BACKLOG)
-                                  .values_list("worker", "status").annotate(n=Count("*"))):
-            summary(worker).counts[status] = n
-        # The history, counted up to a limit per worker on the (worker, status) index.
-        for s in list(summaries.values()):
-            n = (executions.filter(worker=s.name, status=ExecutionStatus.FINISHED)
-                 .values("id")[:FINISHED_COUNT_LIMIT + 1].count())
-            if n:
-                s.counts[ExecutionStatus.FINISHED.value] = min(n, FINISHED_COUNT_LIMIT)
-                s.finished_capped = n > FINISHED_COUNT_LIMIT
-        # The claimable index holds only waiting rows: the lowest id per worker is the one
-        # waiting longest (ids follow creation), fetched by primary key.
-        first_ids = (executions.filter(claimable_worker__isnull=False)
-                     .values("claimable_worker").annotate(first=Min("id")).values("first"))
-        for worker, created_at in executions.filter(id__in=first_ids).values_list(
-                "worker", "created_at"):
-            summary(worker).oldest_waiting = max(now - created_at, timedelta(0))
-        # (status, lease_expires_at) index: reads failed rows only, not the history.
-        for worker, n in (executions.failed().filter(finished_at__gte=now - timedelta(hours=1))
-                          .values_list("worker").annotate(n=Count("*"))):
-            summary(worker).failed_last_hour = n
-        # Same index, a range of it: claims whose holder stopped renewing them.
-        for worker, n in (executions.working().filter(lease_expires_at__lt=now)
-                          .values_list("worker").annotate(n=Count("*"))):
-            summary(worker).expired_leases = n
-
-        window = live_window()
-        coordinators = [
-            CoordinatorRow(c.host, c.pid, [w for w in c.workers.split(",") if w],
-                           c.started_at, c.heartbeat_at, c.heartbeat_at >= now - window)
-            for c in CoordinatorHeartbeat.objects.using(database)
-            .order_by("-heartbeat_at")[:MAX_COORDINATORS_SHOWN]
-        ]
-        return cls(sorted(summaries.values(), key=lambda s: (not s.registered, s.name)),
-                   coordinators, window)
-
+from .admin_tasks import TaskAdmin  # noqa: E402  (registers the Task admin)

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from . import conf
@@ -48,12 +50,60 @@ def report_counts(modeladmin: admin.ModelAdmin, request: HttpRequest, *, changed
     modeladmin.message_user(request, text + ".", messages.SUCCESS if changed else messages.WARNING)
 
 
-def status_column(worker: str) -> Callable[[Any], SafeString]:
+# The transitions a person makes from the admin: (ExecutionQuerySet method, the status it
+# applies to).
+TRANSITIONS = {"reset_failed": ExecutionStatus.FAILED, "run_again": ExecutionStatus.FINISHED}
+
+
+def change_and_log(request: HttpRequest, executions: QuerySet[Execution], transition: str,
+                   message: str) -> list[Execution]:
+    """Apply ``transition`` to the executions it fits, in batches, each row locked first
+    so that exactly the rows changed are the ones logged; returns them. The admin history
+    (LogEntry) of each changed execution records who did it."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.db import transaction
+
+    database = conf.value("DATABASE")
+    changed: list[Execution] = []
+    ids = list(executions.filter(status=TRANSITIONS[transition]).order_by()
+               .values_list("pk", flat=True))
+    for i in range(0, len(ids), BATCH):
+        with transaction.atomic(using=database):
+            batch = Execution.objects.using(database).filter(
+                pk__in=ids[i:i + BATCH], status=TRANSITIONS[transition])
+            rows = list(batch.select_for_update().only("pk", "worker", "source_id", "status"))
+            getattr(Execution.objects.using(database).filter(pk__in=[r.pk for r in rows]),
+                    transition)()
+            changed.extend(rows)
+    if changed:
+        LogEntry.objects.log_actions(
+            user_id=_user_id(request),
+            queryset=Execution.objects.using(database).filter(pk__in=[r.pk for r in changed]),
+            action_flag=CHANGE, change_message=message)
+    return changed
+
+
+def _user_id(request: HttpRequest) -> Any:
+    return request.user.pk  # admin actions run for a logged-in staff user
+
+
+@cache  # one function per worker: the admin compares list_display entries between calls
+def status_column(worker: str, site: str = "admin") -> Callable[[Any], SafeString]:
+    """The status badge of ``worker`` for each row, linked to its "why not running?" page
+    (one function per worker and admin site, so that the column stays sortable)."""
     attr = f"{worker}_execution_status"
 
     @admin.display(description=f"{worker} status", ordering=attr)
     def column(obj: Any) -> SafeString:
-        return status_badge(status_of(obj, worker))
+        from django.urls import NoReverseMatch, reverse
+
+        badge = status_badge(status_of(obj, worker))
+        try:
+            url = reverse(f"{site}:django_dbworker_why",
+                          args=[worker, quote(source_key(registry[worker], obj.pk))])
+        except NoReverseMatch:  # Execution is not in this admin site
+            return badge
+        return format_html('<a href="{}" title="Why is it (not) running?">{}</a>', url, badge)
 
     column.__name__ = f"dbworker_{worker}_status"
     return column
@@ -85,15 +135,26 @@ def status_filter(worker: str) -> type[admin.SimpleListFilter]:
 def reset_action(worker: str) -> Callable[[Any, HttpRequest, QuerySet[Any]], None]:
     def action(modeladmin: admin.ModelAdmin, request: HttpRequest,
                queryset: QuerySet[Any]) -> None:
+        from django.contrib.admin.models import CHANGE, LogEntry
+
         w = registry[worker]
         # Keys are read first rather than joined in SQL: the selection may itself filter
         # on Execution, and MySQL refuses an UPDATE whose subquery reads the same table.
-        keys = [source_key(w, pk) for pk in queryset.values_list("pk", flat=True)]
+        pks = {source_key(w, pk): pk for pk in queryset.values_list("pk", flat=True)}
         executions = Execution.objects.using(conf.value("DATABASE")).for_worker(w.name)
-        changed = sum(executions.filter(source_id__in=keys[i:i + BATCH]).reset_failed()
-                      for i in range(0, len(keys), BATCH))
-        report_counts(modeladmin, request, changed=changed, skipped=len(keys) - changed,
-                      done=f"Reset failed {worker} work",
+        changed = []
+        keys = list(pks)
+        for i in range(0, len(keys), BATCH):
+            changed += change_and_log(request, executions.filter(source_id__in=keys[i:i + BATCH]),
+                                      "reset_failed", f"Reset failed {worker} work.")
+        if changed:  # and in the history of the objects the person selected
+            LogEntry.objects.log_actions(
+                user_id=_user_id(request),
+                queryset=queryset.model._default_manager.filter(
+                    pk__in=[pks[e.source_id] for e in changed]),
+                action_flag=CHANGE, change_message=f"Reset failed {worker} work.")
+        report_counts(modeladmin, request, changed=len(changed),
+                      skipped=len(keys) - len(changed), done=f"Reset failed {worker} work",
                       why_skipped=f"their {worker} work had not failed")
 
     action.__name__ = f"reset_failed_{worker}"
@@ -111,7 +172,7 @@ class DBWorkerStatusMixin(_Base):
         return annotate_execution_status(super().get_queryset(request), *self.dbworker_workers)
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = [status_column(w) for w in self.dbworker_workers]
+        columns = [status_column(w, self.admin_site.name) for w in self.dbworker_workers]
         return [*super().get_list_display(request), *columns]
 
     def get_list_filter(self, request: HttpRequest) -> list[Any]:

@@ -15,5 +15,9 @@ class DBWorkerConfig(AppConfig):
         from .installation import install_after_migrate
 
         discover_workers()
+        from .tasks.queues import backends, register_queues
+
+        if any(True for _ in backends()):
+            register_queues()  # a worker per queue of each DatabaseBackend in TASKS
         # After every migrate: triggers for each registered worker, backfill, clean-up.
         post_migrate.connect(install_after_migrate, sender=self)

@@ -2,8 +2,10 @@
 
 The only module that imports SQLAlchemy. Tables are reflected from the database; the
 eligibility QuerySet is compiled by Django and embedded in the claim statement as text,
-so users never write SQLAlchemy. Times come from the database clock (vendors), so leases
-mean the same on every machine.
+so users never write SQLAlchemy. Times come from the database clock, so leases mean the
+same on every machine. What differs per database (SQL fragments, how a claim is made,
+connection set-up) is asked of the vendor; this module implements each claim strategy
+once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,11 +23,14 @@ from django.db.models import F, OrderBy
 from django.db.models.expressions import BaseExpression
 from sqlalchemy.engine import URL, Connection, Engine
 
-from . import conf
-from .models import CoordinatorHeartbeat, Execution
+from . import conf, failpoints
+from .errors import exception_path
+from .models import CoordinatorHeartbeat, Execution, WorkerPause
+from .protocol import Claim
 from .registry import Worker
+from .retry import RetryDecision
 from .status import ExecutionStatus
-from .vendors import Vendor, for_connection
+from .vendors import NOTIFY_CHANNEL, Vendor, for_connection
 
 WORKING = ExecutionStatus.WORKING.value
 LONG_AGO = datetime(2000, 1, 1)  # an ended lease (naive: every driver takes it)
@@ -36,84 +41,47 @@ DJANGO_ONLY_OPTIONS = {
 }
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One claimed row: what a child needs to run it, and what a release restores."""
+def _as_datetime(value: Any) -> datetime:
+    """A database timestamp as a naive UTC datetime (SQLite's clock comes back as text)."""
+    if not isinstance(value, datetime):
+        value = datetime.fromisoformat(str(value))
+    return value.replace(tzinfo=None) if value.tzinfo is None else (
+        value.astimezone(UTC).replace(tzinfo=None))
 
-    execution_id: int
-    source_id: str
-    token: str
-    previous_status: str
+
+def _epoch(value: Any) -> float | None:
+    return None if value is None else _as_datetime(value).replace(tzinfo=UTC).timestamp()
 
 
 def new_token() -> str:
     return secrets.token_hex(16)
 
 
-def engine_for(alias: str, **options: Any) -> Engine:
+def engine_for(alias: str, lease_seconds: float | None = None, **options: Any) -> Engine:
     """A SQLAlchemy engine on the same server and credentials as DATABASES[alias]."""
     connection = connections[alias]
+    vendor = for_connection(connection)
     sd = connection.settings_dict
-    opts = dict(sd.get("OPTIONS") or {})
-    connect_args = {k: v for k, v in opts.items() if k not in DJANGO_ONLY_OPTIONS}
-    # No pre-ping: it would add a round trip to every claim. A connection that broke
-    # fails its statement instead; SQLAlchemy then discards it and the coordinator
-    # backs off and retries with a fresh one.
-    kwargs: dict[str, Any] = {"pool_size": 2, "max_overflow": 4}
-    if connection.vendor == "postgresql":
-        url = URL.create(
-            "postgresql+psycopg", username=sd.get("USER") or None,
-            password=sd.get("PASSWORD") or None, host=sd.get("HOST") or None,
-            port=int(sd["PORT"]) if sd.get("PORT") else None, database=sd.get("NAME"),
-        )
-    elif connection.vendor == "mysql":
-        url = URL.create(
-            "mysql+mysqldb", username=sd.get("USER") or None,
-            password=sd.get("PASSWORD") or None, host=sd.get("HOST") or None,
-            port=int(sd["PORT"]) if sd.get("PORT") else None, database=sd.get("NAME"),
-        )
-        connect_args.setdefault("charset", "utf8mb4")
-        # Locking reads under READ COMMITTED lock only the rows they return.
-        kwargs["isolation_level"] = "READ COMMITTED"
-    elif connection.vendor == "sqlite":
-        url = URL.create("sqlite", database=str(sd["NAME"]))
-        # Short: while a handler runs it holds SQLite's only write lock, and a coordinator
-        # stuck waiting for it would not react to signals; a failed write is retried.
-        connect_args["timeout"] = 1.0
-        connect_args["check_same_thread"] = False
-        # One statement, one transaction; multi-statement claims say BEGIN IMMEDIATE.
-        kwargs["isolation_level"] = "AUTOCOMMIT"
-    else:  # pragma: no cover - vendors.for_connection rejects others first
-        raise ValueError(connection.vendor)
-    kwargs["connect_args"] = connect_args
+    given = {k: v for k, v in (sd.get("OPTIONS") or {}).items() if k not in DJANGO_ONLY_OPTIONS}
+    kwargs: dict[str, Any] = {
+        "pool_size": 2, "max_overflow": 4,
+        # No pre-ping: it would add a round trip to every claim. A connection that broke
+        # fails its statement instead; SQLAlchemy then discards the pool's connections
+        # and the coordinator's outage handling takes over.
+        # No rollback when a connection goes back to the pool: every use ends its own
+        # transaction (engine.begin() commits or rolls back), and after a database
+        # restart that rollback only fails noisily on a dead socket.
+        "pool_reset_on_return": None,
+        "connect_args": vendor.connect_args(given),
+        **vendor.engine_options(sd),
+    }
     kwargs.update(conf.value("ENGINE_OPTIONS") or {})
     kwargs.update(options)
-    engine = sa.create_engine(url, **kwargs)
-    if connection.vendor == "sqlite":
-        sa.event.listen(engine, "connect", _sqlite_on_connect)
-    elif connection.vendor == "postgresql":
-        sa.event.listen(engine, "connect", _postgresql_on_connect)
+    engine = sa.create_engine(URL.create(vendor.sqlalchemy_driver, **vendor.url_parts(sd)),
+                              **kwargs)
+    lease = float(conf.value("LEASE_SECONDS") if lease_seconds is None else lease_seconds)
+    sa.event.listen(engine, "connect", lambda dbapi, record: vendor.on_connect(dbapi, lease))
     return engine
-
-
-def _postgresql_on_connect(dbapi_connection: Any, record: Any) -> None:
-    # The coordinator's own writes (claims, renewals, releases, heartbeats) need not wait
-    # for the WAL flush: if the server crashes before it, the row is simply as it was
-    # (claimable, or recovered when its lease runs out). A child's commit, which is
-    # synchronous, flushes everything written before it, so no outcome can outlive the
-    # claim it was guarded by. This takes an fsync off every claim.
-    autocommit = dbapi_connection.autocommit
-    dbapi_connection.autocommit = True
-    dbapi_connection.execute("SET synchronous_commit = off")
-    dbapi_connection.autocommit = autocommit
-
-
-def _sqlite_on_connect(dbapi_connection: Any, record: Any) -> None:
-    # WAL lets children read while the coordinator writes (and the reverse); it is a
-    # property of the database file, so setting it once is enough.
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.close()
 
 
 _BIND_COLON = re.compile(r"(?<![:\w\\]):(?=\w)")
@@ -174,18 +142,27 @@ class Bridge:
 
     def __init__(self, alias: str | None = None, lease_seconds: float | None = None) -> None:
         self.alias = alias or conf.value("DATABASE")
-        self.lease_seconds = float(lease_seconds or conf.value("LEASE_SECONDS"))
+        self.lease_seconds = float(conf.value("LEASE_SECONDS") if lease_seconds is None
+                                   else lease_seconds)
         self.vendor: Vendor = for_connection(connections[self.alias])
-        self.engine = engine_for(self.alias)
+        self.engine = engine_for(self.alias, self.lease_seconds)
         self.metadata = sa.MetaData()
         self.execution = sa.Table(Execution._meta.db_table, self.metadata, autoload_with=self.engine)
         self.heartbeats = sa.Table(
             CoordinatorHeartbeat._meta.db_table, self.metadata, autoload_with=self.engine
         )
+        self.pauses = sa.Table(WorkerPause._meta.db_table, self.metadata, autoload_with=self.engine)
         self._sources: dict[str, sa.Table] = {}
+        self.listen_engine: Engine | None = None  # (DBWORKER["LISTEN_DATABASE"])
+        self._probe: Any = None  # raw connection of change_token()
 
     def close(self) -> None:
+        if self._probe is not None:
+            self._probe.invalidate()
+            self._probe = None
         self.engine.dispose()
+        if self.listen_engine is not None:
+            self.listen_engine.dispose()
 
     # -- SQL pieces -------------------------------------------------------------------
     def now(self) -> sa.ColumnElement[Any]:
@@ -202,25 +179,33 @@ class Bridge:
         return self._sources[worker.table]
 
     def source_key(self, worker: Worker) -> sa.ColumnElement[Any]:
-        """Execution.source_id in the source key's own type: the cast sits on the
-        Execution side so the source's primary-key index serves the join."""
-        e = self.execution
-        if not self.vendor.key_needs_cast(worker.pk_field):
-            return e.c.source_id
-        pk_type = self.source_table(worker).c[worker.pk_column].type
-        return sa.cast(e.c.source_id, pk_type)
+        """Execution.source_id in the source key's own type (the vendor's conversion):
+        the cast sits on the Execution side so the source's primary-key index serves
+        the join."""
+        column = f"{self.vendor.qn(self.execution.name)}.source_id"
+        sql = self.vendor.key_from_text_sql(worker.pk_field, column)
+        return self.execution.c.source_id if sql == column else sa.literal_column(sql)
+
+    def _locked(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """``select`` locking the Execution rows it returns, skipping rows others hold:
+        nobody ever waits for a row another process has locked."""
+        if self.vendor.row_locks == "of_table":
+            return select.with_for_update(skip_locked=True, of=self.execution)
+        if self.vendor.row_locks == "rows":
+            return select.with_for_update(skip_locked=True)
+        return select  # one writer at a time (SQLite): the UPDATEs re-check instead
 
     def candidates(self, worker: Worker, limit: int) -> tuple[sa.Select[Any], bool]:
         """Claimable, eligible rows of ``worker``, in claim order, at most ``limit``;
         and whether that order is a custom one (else creation order, by id)."""
         e = self.execution
-        stmt = sa.select(e.c.id, e.c.source_id, e.c.status).where(
-            # Served by the index on (claimable_worker, id) that holds claimable rows only.
-            e.c.claimable_worker == worker.name,
-            sa.or_(e.c.next_attempt_at.is_(None), e.c.next_attempt_at <= self.now()),
-        )
+        # Served by the index on (claimable_worker, id) that holds claimable rows only
+        # (rows waiting for a due time are not in it: see promote_due).
+        stmt = sa.select(e.c.id, e.c.source_id, e.c.status, e.c.attempts, e.c.ready_at).where(
+            e.c.claimable_worker == worker.name)
+        default_order = [e.c.priority.desc(), e.c.id] if worker.prioritized else [e.c.id]
         if worker.eligible is None:
-            return stmt.order_by(e.c.id).limit(limit), False
+            return stmt.order_by(*default_order).limit(limit), False
         qs = worker.eligible_queryset()
         annotations, terms = ordering_terms(qs.query.order_by)
         values = qs.order_by().values(dbw_pk=F("pk"), **annotations)
@@ -240,7 +225,7 @@ class Bridge:
             probe = probe.offset(0)
         stmt = stmt.where(probe.exists())
         if not terms:
-            return stmt.order_by(e.c.id).limit(limit), False
+            return stmt.order_by(*default_order).limit(limit), False
         # A custom order: each sort key is a correlated subquery probing the source by
         # primary key, so sorting costs grow with the claimable backlog, never with the
         # history or the source table.
@@ -279,7 +264,7 @@ class Bridge:
             "started_at": self.now(),
             "updated_at": self.now(),
             "claimed_by": claimer,
-            "next_attempt_at": None,
+            "rerun_requested": False,
         }
 
     # -- claiming -----------------------------------------------------------------------
@@ -288,51 +273,97 @@ class Bridge:
         if limit <= 0:
             return []
         token = new_token()
-        e = self.execution
         stmt, custom_order = self.candidates(worker, limit)
-        if self.vendor.name == "postgresql" and not custom_order:
-            # One round trip: lock the candidates (skipping rows others hold), claim them.
-            picked = stmt.with_for_update(skip_locked=True, of=e).cte("dbw_claim")
-            update = (
-                sa.update(e)
-                .where(e.c.id == picked.c.id)
-                .values(**self._claim_values(token, claimer))
-                .returning(e.c.id, e.c.source_id, picked.c.status)
-            )
-            with self.engine.begin() as conn:
-                rows = list(conn.execute(update))
-            rows.sort(key=lambda r: r[0])  # RETURNING has no order; ids are creation order
-        elif self.vendor.name in ("postgresql", "mysql"):
-            # Lock, then claim: the SELECT keeps a custom order, which RETURNING would not.
-            of = e if self.vendor.lock_of_table else None
-            locked = stmt.with_for_update(skip_locked=True, of=of)
-            with self.engine.begin() as conn:
-                rows = list(conn.execute(locked))
+        strategy = self.vendor.ordered_claim_strategy if custom_order else self.vendor.claim_strategy
+        rows = CLAIM_STRATEGIES[strategy](self, worker, stmt, self._claim_values(token, claimer))
+        return [Claim(r[0], r[1], token, r[2], r[3], _epoch(r[4])) for r in rows]
+
+    def _claim_returning(self, worker: Worker, stmt: sa.Select[Any],
+                         values: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+        """One round trip: lock the candidates (skipping rows others hold), claim them."""
+        e = self.execution
+        picked = self._locked(stmt).cte("dbw_claim")
+        update = (sa.update(e).where(e.c.id == picked.c.id).values(**values)
+                  .returning(e.c.id, e.c.source_id, picked.c.status, e.c.attempts,
+                             picked.c.ready_at, e.c.priority))
+        with self.engine.begin() as conn:
+            rows = list(conn.execute(update))
+        # RETURNING has no order: put back the claim order (priority, then creation).
+        rows.sort(key=lambda r: (-r[5], r[0]))
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def _claim_lock_then_update(self, worker: Worker, stmt: sa.Select[Any],
+                                values: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+        """Lock, then claim: the SELECT keeps a custom order, which RETURNING would not."""
+        e = self.execution
+        with self.engine.begin() as conn:
+            rows = conn.execute(self._locked(stmt)).all()
+            failpoints.reached("coordinator.claim_locked")
+            if rows:
+                conn.execute(sa.update(e).where(e.c.id.in_([r.id for r in rows]))
+                             .values(**values))
+        return [(r[0], r[1], r[2], r[3] + 1, r[4]) for r in rows]  # attempts read before
+
+    def _claim_immediate_then_update(self, worker: Worker, stmt: sa.Select[Any],
+                                     values: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+        """One writer at a time: BEGIN IMMEDIATE takes the write lock before reading, so
+        the rows read are still claimable when the UPDATE runs; the UPDATE re-checks
+        claimability anyway (the guard)."""
+        e = self.execution
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute(stmt).all()
                 if rows:
-                    conn.execute(
-                        sa.update(e).where(e.c.id.in_([r.id for r in rows]))
-                        .values(**self._claim_values(token, claimer))
-                    )
-        else:
-            # SQLite: one writer at a time. BEGIN IMMEDIATE takes the write lock before
-            # reading, so the rows read are still claimable when the UPDATE runs; the
-            # UPDATE re-checks claimability anyway (the guard).
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-                try:
-                    rows = list(conn.execute(stmt))
-                    if rows:
-                        conn.execute(
-                            sa.update(e)
-                            .where(e.c.id.in_([r.id for r in rows]),
-                                   e.c.claimable_worker == worker.name)
-                            .values(**self._claim_values(token, claimer))
-                        )
-                    conn.exec_driver_sql("COMMIT")
-                except BaseException:
-                    conn.exec_driver_sql("ROLLBACK")
-                    raise
-        return [Claim(r[0], r[1], token, r[2]) for r in rows]
+                    conn.execute(sa.update(e).where(e.c.id.in_([r.id for r in rows]),
+                                                    e.c.claimable_worker == worker.name)
+                                 .values(**values))
+                conn.exec_driver_sql("COMMIT")
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+        return [(r[0], r[1], r[2], r[3] + 1, r[4]) for r in rows]
+
+    # -- rows that wait for a due time --------------------------------------------------
+    def seconds_until_due(self, worker: Worker) -> float | None:
+        """Seconds (on the database clock) until the first of the worker's waiting rows
+        is due (the waiting index's first entry); None when none waits."""
+        e = self.execution
+        with self.engine.connect() as conn:
+            due, now = conn.execute(sa.select(sa.func.min(e.c.next_attempt_at), self.now())
+                                    .where(e.c.waiting_worker == worker.name)).one()
+        if due is None:
+            return None
+        return (_as_datetime(due) - _as_datetime(now)).total_seconds()
+
+    def due_rows(self, worker: Worker, limit: int = 1000) -> sa.Select[Any]:
+        e = self.execution
+        return (sa.select(e.c.id)
+                .where(e.c.waiting_worker == worker.name, e.c.next_attempt_at <= self.now())
+                .order_by(e.c.next_attempt_at).limit(limit))
+
+    def promote_due(self, worker: Worker) -> int:
+        """Rows whose due time has come become claimable: a retry after its back-off, a
+        task after its run_after, a finished row of a rerun_every worker (PENDING again,
+        "stale"). Returns how many."""
+        e = self.execution
+        due = sa.and_(e.c.waiting_worker == worker.name, e.c.next_attempt_at <= self.now())
+        finished = e.c.status == ExecutionStatus.FINISHED.value
+        values = {
+            "status": sa.case((finished, ExecutionStatus.PENDING.value), else_=e.c.status),
+            "rerun_reason": sa.case((finished, "stale"), else_=e.c.rerun_reason),
+            "ready_at": e.c.next_attempt_at,
+            "next_attempt_at": None,
+            "updated_at": self.now(),
+        }
+        with self.engine.begin() as conn:
+            # In the waiting index's order (earliest due first: never a sort of the due
+            # rows), skipping rows another coordinator promotes right now.
+            ids = conn.execute(self._locked(self.due_rows(worker))).scalars().all()
+            if not ids:
+                return 0
+            return conn.execute(sa.update(e).where(due, e.c.id.in_(ids))
+                                .values(**values)).rowcount or 0
 
     # -- leases -------------------------------------------------------------------------
     def renew(self, claims: Iterable[Claim]) -> int:
@@ -353,21 +384,27 @@ class Bridge:
             )
             return result.rowcount or 0
 
-    def release(self, claim: Claim, *, started: bool, error: tuple[str, str] | None = None) -> bool:
-        """Give a claimed row back (claimable at once), if this claim still holds it.
+    def release(self, claim: Claim, decision: RetryDecision | None = None,
+                error: tuple[str, str] | None = None) -> bool:
+        """End this claim, if it still holds the row; True if it did.
 
-        A row whose handler never started returns to its previous status and attempt
-        count; one whose child died keeps the attempt and records why.
+        Without ``decision`` the handler never started: the row returns to its previous
+        status and attempt count, claimable at once. With one, the attempt counts and the
+        retry policy's decision says what the row becomes; ``error`` (type, message)
+        records why.
         """
+        from django.utils import timezone
+
         e = self.execution
-        values: dict[str, Any] = {
-            "status": claim.previous_status if claim.previous_status != WORKING else "unfinished",
-            "claim_token": None,
-            "lease_expires_at": None,
-            "updated_at": self.now(),
-        }
-        if not started:
+        values: dict[str, Any] = {"claim_token": None, "lease_expires_at": None,
+                                  "claimed_by": None, "rerun_requested": False,
+                                  "updated_at": self.now()}
+        if decision is None:
+            values["status"] = (claim.previous_status if claim.previous_status != WORKING
+                                else ExecutionStatus.UNFINISHED.value)
             values["attempts"] = e.c.attempts - 1
+        else:
+            values.update(decision.values(timezone.now()))
         if error is not None:
             values.update(error_type=error[0], error_message=error[1], error_traceback="")
         with self.engine.begin() as conn:
@@ -379,113 +416,89 @@ class Bridge:
             )
             return bool(result.rowcount)
 
-    def fail(self, worker: Worker, claim: Claim, error_type: str, message: str) -> str | None:
-        """Record a failed attempt from the coordinator (a child killed past its
-        timeout): retried later while attempts remain, else FAILED. Returns the new
-        status, or None if the claim no longer held the row."""
-        from django.utils import timezone
-
-        from .child import next_attempt
-
-        e = self.execution
-        held = sa.and_(e.c.id == claim.execution_id, e.c.claim_token == claim.token,
-                       e.c.status == WORKING)
-        with self.engine.begin() as conn:
-            attempts = conn.execute(sa.select(e.c.attempts).where(held)).scalar()
-            if attempts is None:
-                return None
-            values = next_attempt(worker, attempts, timezone.now())
-            conn.execute(
-                sa.update(e).where(held)
-                .values(claim_token=None, lease_expires_at=None, error_type=error_type,
-                        error_message=message, error_traceback="", updated_at=self.now(),
-                        **values)
-            )
-            return str(values["status"])
-
     def recover_expired(self, worker: Worker) -> int:
-        """Make WORKING rows whose lease expired claimable again (their holder is gone).
+        """Make WORKING rows whose lease expired claimable again (their holder is gone),
+        or FAILED, as the worker's retry policy decides for an interrupted attempt.
 
         A stale holder that wakes up later cannot commit: its token no longer matches.
         """
+        from django.utils import timezone
+
         e = self.execution
         expired = sa.and_(
             e.c.worker == worker.name, e.c.status == WORKING, e.c.lease_expires_at < self.now()
         )
-        common = {"claim_token": None, "lease_expires_at": None, "updated_at": self.now(),
-                  "error_type": "LeaseExpired",
-                  "error_message": "The claim's lease expired before the handler finished "
-                                   "(its process or machine stopped?)",
-                  "error_traceback": ""}
-        if self.vendor.name != "sqlite":
-            # Lock the expired rows first, skipping any that a frozen holder still has
-            # locked in an open transaction: recovery must never wait on a dead process.
-            with self.engine.begin() as conn:
-                ids = [r.id for r in conn.execute(
-                    sa.select(e.c.id).where(expired)
-                    .with_for_update(skip_locked=True,
-                                     of=e if self.vendor.lock_of_table else None)
-                ).all()]
-                if not ids:
-                    return 0
-                return self._recover(conn, worker, sa.and_(expired, e.c.id.in_(ids)), common)
-        with self.engine.begin() as conn:
-            return self._recover(conn, worker, expired, common)
-
-    def _recover(self, conn: Connection, worker: Worker, expired: Any,
-                 common: dict[str, Any]) -> int:
-        e = self.execution
-        total = 0
         src = self.source_table(worker)
-        source_gone = ~sa.exists().where(src.c[worker.pk_column] == self.source_key(worker))
-        # Its source row was deleted while claimed: no handler can ever load it.
-        total += conn.execute(
-            sa.update(e).where(expired, source_gone).values(
-                status=ExecutionStatus.FAILED.value, finished_at=self.now(),
-                **{**common, "error_type": f"{worker.source.__name__}.DoesNotExist",
-                   "error_message": "The source row was deleted while it was claimed."})
-        ).rowcount or 0
-        if worker.max_attempts is not None:
-            total += conn.execute(
-                sa.update(e).where(expired, e.c.attempts >= worker.max_attempts)
-                .values(status=ExecutionStatus.FAILED.value, finished_at=self.now(), **common)
-            ).rowcount or 0
-        total += conn.execute(
-            sa.update(e).where(expired).values(
-                status=ExecutionStatus.UNFINISHED.value, **common)
-        ).rowcount or 0
-        return total
+        source_exists = sa.exists().where(src.c[worker.pk_column] == self.source_key(worker))
+        # Locked in id order, skipping any row a frozen holder still has locked in an open
+        # transaction: recovery never waits on a dead process, and two coordinators
+        # recovering at once never deadlock.
+        select = self._locked(sa.select(e.c.id, e.c.attempts, source_exists.label("present"))
+                              .where(expired).order_by(e.c.id))
+        common = {"claim_token": None, "lease_expires_at": None, "claimed_by": None,
+                  "rerun_requested": False, "error_traceback": "", "updated_at": self.now()}
+        now = timezone.now()
+        recovered = 0
+        with self.engine.begin() as conn:
+            for row in conn.execute(select).all():
+                # (The UPDATE re-checks: where rows are not locked, the holder may have
+                # committed since the SELECT.)
+                recovered += conn.execute(
+                    sa.update(e).where(expired, e.c.id == row.id)
+                    .values(**common, **self._expired_values(worker, row, now))).rowcount or 0
+        return recovered
+
+    def _expired_values(self, worker: Worker, row: Any, now: datetime) -> dict[str, Any]:
+        if not row.present:  # its source row was deleted while claimed: none can load it
+            return {"status": ExecutionStatus.FAILED.value, "finished_at": now,
+                    "error_type": exception_path(worker.source.DoesNotExist),  # type: ignore[attr-defined]
+                    "error_message": "The source row was deleted while it was claimed."}
+        return {**worker.retry_policy.after_interruption(row.attempts, now).values(now),
+                "error_type": "LeaseExpired",
+                "error_message": "The claim's lease expired before the handler finished "
+                                 "(its process or machine stopped?)"}
 
     # -- coordinators -------------------------------------------------------------------
-    def register_coordinator(self, host: str, pid: int, workers: Iterable[str]) -> int:
+    def register_coordinator(self, host: str, namespace: str, pid: int,
+                             workers: Iterable[str]) -> int:
         h = self.heartbeats
         with self.engine.begin() as conn:
             result = conn.execute(
-                sa.insert(h).values(host=host, pid=pid, workers=",".join(workers),
-                                    started_at=self.now(), heartbeat_at=self.now())
+                sa.insert(h).values(host=host, namespace=namespace, pid=pid,
+                                    workers=",".join(workers), started_at=self.now(),
+                                    heartbeat_at=self.now())
             )
             return int(result.inserted_primary_key[0])  # type: ignore[index]
 
-    def expire_claims_of_dead(self, host: str, own_id: int | None,
+    def expire_claims_of_dead(self, host: str, namespace: str, own_id: int | None,
                               alive: Callable[[int], bool]) -> list[int]:
-        """Coordinators recorded on ``host`` whose process is gone (killed, crashed):
-        end their leases now, so recovery hands their rows over at once instead of
-        when the lease runs out, and forget them. Returns their pids."""
-        h, e = self.heartbeats, self.execution
+        """Coordinators of this machine and PID namespace whose process is gone (killed,
+        crashed): end their leases now, so recovery hands their rows over at once instead
+        of when the lease runs out, and forget them. Returns their pids."""
+        h = self.heartbeats
         with self.engine.begin() as conn:
             others = conn.execute(
-                sa.select(h.c.id, h.c.pid).where(h.c.host == host, h.c.id != (own_id or 0))
+                sa.select(h.c.id, h.c.pid).where(h.c.host == host, h.c.namespace == namespace,
+                                                 h.c.id != (own_id or 0))
             ).all()
             dead = [r for r in others if not alive(r.pid)]
-            for r in dead:
-                conn.execute(
-                    sa.update(e)
-                    .where(e.c.claimed_by == f"{host}:{r.pid}", e.c.status == WORKING)
-                    .values(lease_expires_at=LONG_AGO)
-                )
-            if dead:
-                conn.execute(sa.delete(h).where(h.c.id.in_([r.id for r in dead])))
+            if not dead:
+                return []
+            self._end_leases(conn, [f"{host}:{r.pid}" for r in dead])
+            conn.execute(sa.delete(h).where(h.c.id.in_([r.id for r in dead])))
         return [r.pid for r in dead]
+
+    def _end_leases(self, conn: Connection, claimers: list[str]) -> None:
+        # WORKING rows only (the status index), locked in id order and skipping rows
+        # another coordinator is ending right now: two coordinators that find the same
+        # dead one never deadlock.
+        e = self.execution
+        held = sa.and_(e.c.status == WORKING, e.c.claimed_by.in_(claimers))
+        ids = conn.execute(self._locked(sa.select(e.c.id).where(held).order_by(e.c.id))
+                           ).scalars().all()
+        if ids:
+            conn.execute(sa.update(e).where(held, e.c.id.in_(ids))
+                         .values(lease_expires_at=LONG_AGO))
 
     def heartbeat(self, coordinator_id: int) -> None:
         h = self.heartbeats
@@ -497,7 +510,63 @@ class Bridge:
         with self.engine.begin() as conn:
             conn.execute(sa.delete(h).where(h.c.id == coordinator_id))
 
+    # -- change detection (where the database cannot notify) -----------------------------
+    def change_token(self) -> Any:
+        """The answer of the vendor's change probe, on a raw connection kept for it (no
+        pool, no SQLAlchemy statement: it runs every PROBE_SECONDS while idle)."""
+        if self._probe is None:
+            raw = self.engine.raw_connection()
+            self._set_autocommit(raw.driver_connection)
+            self._probe = raw
+        try:
+            cursor = self._probe.cursor()
+            cursor.execute(self.vendor.change_probe_sql())
+            row = cursor.fetchone()
+            cursor.close()
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            self._probe.invalidate()
+            self._probe = None
+            raise sa.exc.OperationalError("change probe", None, exc) from exc
+        return row[0] if row else None
+
+    @staticmethod
+    def _set_autocommit(connection: Any) -> None:
+        # Each probe sees the latest commits (and holds no snapshot open).
+        if callable(getattr(connection, "autocommit", None)):
+            connection.autocommit(True)  # MySQLdb
+        elif hasattr(connection, "autocommit"):
+            connection.autocommit = True  # psycopg
+        else:
+            connection.isolation_level = None  # sqlite3
+
+    # -- what operations ask -------------------------------------------------------------
+    def paused_workers(self) -> set[str]:
+        with self.engine.connect() as conn:
+            return set(conn.execute(sa.select(self.pauses.c.worker)).scalars())
+
+    def backlog(self, workers: Iterable[Worker]) -> dict[str, tuple[int, float | None]]:
+        """Worker -> (claimable rows, age in seconds of the first created of them): two
+        statements on the claimable index, whose cost follows the backlog only."""
+        e = self.execution
+        names = [w.name for w in workers]
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(e.c.claimable_worker, sa.func.count(), sa.func.min(e.c.id))
+                                .where(e.c.claimable_worker.in_(names))
+                                .group_by(e.c.claimable_worker)).all()
+            firsts = {r[2]: r[0] for r in rows}
+            ages: dict[str, float] = {}
+            if firsts:
+                for row in conn.execute(sa.select(e.c.id, e.c.created_at, self.now())
+                                        .where(e.c.id.in_(list(firsts)))):
+                    ages[firsts[row[0]]] = (_as_datetime(row[2]) - _as_datetime(row[1])).total_seconds()
+        return {r[0]: (int(r[1]), ages.get(r[0])) for r in rows}
+
     # -- diagnostics --------------------------------------------------------------------
+    def ping(self) -> None:
+        """One round trip: raises while the database is unreachable."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
     def claim_sql(self, worker: Worker, limit: int = 1) -> str:
         """The candidate SELECT as the database sees it, for EXPLAIN and docs."""
         stmt, _ = self.candidates(worker, limit)
@@ -508,21 +577,31 @@ class Bridge:
             return list(conn.exec_driver_sql(sql).all())
 
 
+CLAIM_STRATEGIES: dict[str, Callable[..., list[tuple[int, str, str, int, Any]]]] = {
+    "returning": Bridge._claim_returning,
+    "lock_then_update": Bridge._claim_lock_then_update,
+    "immediate_then_update": Bridge._claim_immediate_then_update,
+}
+
+
 class Listener:
     """PostgreSQL LISTEN on the channel the pending-row triggers NOTIFY: wakes an idle
-    coordinator the moment a row is inserted, instead of at its next poll."""
+    coordinator the moment a row is inserted, instead of at its next poll. It listens on
+    a connection of its own, from DBWORKER["LISTEN_DATABASE"] when that names another
+    alias (a direct connection, when the claims go through PgBouncer)."""
 
-    def __init__(self, bridge: Bridge, channel: str) -> None:
+    def __init__(self, engine: Engine, channel: str) -> None:
         # Raw DBAPI connections raise psycopg's errors, not SQLAlchemy's: wrap them so
         # the coordinator's outage handling (DATABASE_ERRORS) sees them as outages.
+        self.channel = channel
         try:
-            self._raw = bridge.engine.raw_connection()
+            self._raw = engine.raw_connection()
             conn = self._raw.driver_connection
             assert conn is not None  # a fresh connection from the pool always has one
             self._conn: Any = conn
             self._conn.autocommit = True
             self._conn.execute(f"LISTEN {channel}")
-        except bridge.engine.dialect.loaded_dbapi.Error as exc:
+        except engine.dialect.loaded_dbapi.Error as exc:
             raise sa.exc.OperationalError(f"LISTEN {channel}", None, exc) from exc
 
     def fileno(self) -> int:
@@ -537,6 +616,24 @@ class Listener:
             names.add(notify.extra.decode())
         return names
 
+    def hears(self, bridge: Bridge, timeout: float = 2.0) -> bool:
+        """Whether a NOTIFY sent the way claims go reaches this connection. Through
+        PgBouncer in transaction mode it does not: LISTEN ran on a server connection the
+        pool has since given to someone else."""
+        import select
+        import time
+
+        probe = f".probe-{secrets.token_hex(4)}"
+        with bridge.engine.begin() as conn:
+            conn.execute(sa.text("SELECT pg_notify(:channel, :payload)"),
+                         {"channel": self.channel, "payload": probe})
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            select.select([self], [], [], left)
+            if probe in self.drain():
+                return True
+        return False
+
     def close(self) -> None:
         try:
             self._raw.invalidate()
@@ -545,9 +642,15 @@ class Listener:
 
 
 def listener_for(bridge: Bridge) -> Listener | None:
-    from .vendors import NOTIFY_CHANNEL
-
-    return Listener(bridge, NOTIFY_CHANNEL) if bridge.vendor.notifies else None
+    """A Listener, on DBWORKER["LISTEN_DATABASE"] (default: the coordination database)."""
+    if not bridge.vendor.notifies:
+        return None
+    alias = conf.value("LISTEN_DATABASE") or bridge.alias
+    if alias == bridge.alias:
+        return Listener(bridge.engine, NOTIFY_CHANNEL)
+    if bridge.listen_engine is None:
+        bridge.listen_engine = engine_for(alias, bridge.lease_seconds, pool_size=1, max_overflow=0)
+    return Listener(bridge.listen_engine, NOTIFY_CHANNEL)
 
 
 DATABASE_ERRORS = (sa.exc.DBAPIError, sa.exc.OperationalError, OSError)

@@ -7,11 +7,12 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, register
 
+from . import failpoints
 from .conf import DEFAULTS
-from .vendors import VENDORS
+from .vendors import for_engine
 
 ID = "django_dbworker.{}"
-NUMBER_KEYS = ("LEASE_SECONDS", "POLL_SECONDS", "MAX_POLL_SECONDS")
+NUMBER_KEYS = ("LEASE_SECONDS", "POLL_SECONDS", "MAX_POLL_SECONDS", "PROBE_SECONDS")
 
 
 def _positive(value: Any) -> bool:
@@ -55,6 +56,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                             id=ID.format("E007")))
     if alias in settings.DATABASES:
         errors.extend(_check_database(alias, settings.DATABASES[alias]))
+    try:
+        failpoints.parse(cfg["FAILPOINT"])
+    except ValueError as exc:
+        errors.append(Error(str(exc), hint="Remove DBWORKER['FAILPOINT']: it exists for the "
+                            "crash tests.", id=ID.format("E011")))
+    errors.extend(_check_schedules(cfg["SCHEDULES"]))
+    listen = cfg["LISTEN_DATABASE"]
+    if listen is not None and listen not in settings.DATABASES:
+        errors.append(Error(f"DBWORKER['LISTEN_DATABASE'] is {listen!r}, which is not in "
+                            "DATABASES.", hint="Name an alias that connects directly to the "
+                            "same PostgreSQL (not through PgBouncer), or remove the key.",
+                            id=ID.format("E013")))
+    identity = cfg["IDENTITY"]
+    if identity is not None and (not isinstance(identity, str) or not identity.strip()):
+        errors.append(Error(f"DBWORKER['IDENTITY'] must be a non-empty string or None, got "
+                            f"{identity!r}.", hint="e.g. the pod name: os.environ['HOSTNAME'], "
+                            "or None for the host name.", id=ID.format("E012")))
     if not settings.USE_TZ:
         errors.append(Error("django-dbworker needs USE_TZ = True: leases are compared in UTC "
                             "on the database clock.", hint="Set USE_TZ = True in settings.",
@@ -64,16 +82,40 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 def _check_database(alias: str, db: dict[str, Any]) -> list[Error]:
     engine = db.get("ENGINE", "")
-    vendor = {"postgresql": "postgresql", "postgis": "postgresql", "mysql": "mysql",
-              "sqlite3": "sqlite", "spatialite": "sqlite"}.get(
-        engine.rsplit(".", 1)[-1])
-    if vendor not in VENDORS:
+    vendor = for_engine(engine)
+    if vendor is None:
         return [Error(f"DATABASES[{alias!r}] uses {engine!r}, which django-dbworker does not "
                       "support.", hint="Use PostgreSQL 13+, MySQL 8.0.1+, MariaDB 10.6+ or a "
                       "file-backed SQLite.", id=ID.format("E008"))]
-    name = str(db.get("NAME") or "")
-    if vendor == "sqlite" and (name in ("", ":memory:") or "mode=memory" in name):
-        return [Error(f"DATABASES[{alias!r}] is an in-memory SQLite database, which child "
-                      "processes cannot share.", hint="Set NAME to a file path, e.g. "
-                      "BASE_DIR / 'db.sqlite3'.", id=ID.format("E009"))]
+    problem = vendor.settings_problem(alias, db)
+    if problem is not None:
+        return [Error(problem[0], hint=problem[1], id=ID.format("E009"))]
     return []
+
+
+def _check_schedules(declared: Any) -> list[Error]:
+    from . import schedules
+
+    if not isinstance(declared, dict):
+        return [Error("DBWORKER['SCHEDULES'] must be a dict of name -> schedule.",
+                      hint='e.g. {"nightly": {"task": "app.tasks.cleanup", "cron": "0 3 * * *"}}',
+                      id=ID.format("E030"))]
+    errors = []
+    for name, spec in declared.items():
+        if not isinstance(spec, dict) or not spec.get("task"):
+            errors.append(Error(f"DBWORKER['SCHEDULES'][{name!r}] must be a dict with a 'task' "
+                                "path.", hint='e.g. {"task": "app.tasks.cleanup", "cron": "0 3 * * *"}',
+                                id=ID.format("E030")))
+            continue
+        unknown = set(spec) - {"task", "cron", "every", "args", "kwargs", "catch_up"}
+        if unknown:
+            errors.append(Error(f"DBWORKER['SCHEDULES'][{name!r}] has unknown key(s) "
+                                f"{', '.join(sorted(unknown))}.", hint="Known: task, cron, every, "
+                                "args, kwargs, catch_up.", id=ID.format("E030")))
+    if errors:
+        return errors
+    for schedule in schedules.schedules().values():
+        problem = schedules.validate(schedule, check_task=True)
+        if problem:
+            errors.append(Error(problem, hint="See docs/schedules.md.", id=ID.format("E031")))
+    return errors

@@ -14,60 +14,87 @@ transaction. A slow handler is a group of one.
 
 from __future__ import annotations
 
+import logging
 import os
-import random
 import signal
+import sys
 import time
 import traceback
 from collections import deque
 from collections.abc import Sequence
-from datetime import timedelta
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
 from importlib import import_module
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import failpoints
+from . import failpoints, tracing
+from .protocol import (
+    DONE,
+    INTERRUPTED,
+    LOST,
+    READY,
+    RESULTS,
+    SETUP_FAILED,
+    SKIPPED,
+    SLOT_REVOKE,
+    SLOT_SEQ,
+    SLOT_SIZE,
+    SLOT_STARTED,
+    Delivery,
+    Result,
+)
 
-# Messages from a child to its coordinator.
-READY = "ready"  # (READY, pid)
-SETUP_FAILED = "setup_failed"  # (SETUP_FAILED, traceback)
-RESULTS = "results"  # (RESULTS, [(kind, execution_id, detail), ...], seconds the group took)
+__all__ = ["SLOT_REVOKE", "SLOT_SIZE", "child_main", "run", "run_group"]
 
-# Result kinds, one per row sent.
-DONE = "done"  # detail: the new status (finished, unfinished, failed)
-LOST = "lost"  # the claim was taken over; nothing was saved
-INTERRUPTED = "interrupted"  # the database went away while it ran; release the row
-SKIPPED = "skipped"  # never started (stopping, or the database went away first)
-
+logger = logging.getLogger("django_dbworker.child")
 GROUP_SECONDS = 0.05
 GROUP_ROWS = 16
 
-# The shared slot a child writes before each handler: (execution id, time.monotonic() at
-# start); id 0 between handlers. The coordinator reads it to enforce timeouts and to know
-# which row was running when a child died. CLOCK_MONOTONIC is system-wide on Linux/macOS.
-# SLOT_REVOKE is the coordinator's: set, the child starts none of the rows it holds
-# (the coordinator gave them back, see Coordinator._revoke_waiting) and reports them
-# SKIPPED.
-SLOT_ID, SLOT_STARTED, SLOT_REVOKE = 0, 1, 2
-SLOT_SIZE = 3
 
-Row = tuple[int, str, str]  # execution id, source id, claim token
-Result = tuple[str, int, Any]
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The attempt a handler runs in (see ``current_attempt``)."""
+
+    execution_id: int
+    number: int  # 1 for the first attempt (attempts count again after Unfinished())
+    worker_id: str  # the coordinator's host:pid, as in claimed_by
+
+
+_current: ContextVar[Attempt | None] = ContextVar("dbworker_attempt", default=None)
+
+
+def current_attempt() -> Attempt:
+    """The attempt the running handler is in (inside a child only)."""
+    attempt = _current.get()
+    if attempt is None:
+        raise RuntimeError("current_attempt() is for code that a child runs as a handler")
+    return attempt
+
+
+def _enter(row: Delivery) -> None:
+    from .identity import host
+
+    _current.set(Attempt(row[1], row[4], f"{host()}:{os.getppid()}"))
 
 
 def child_main(conn: Connection, worker_name: str, handler_path: str,
-               databases: dict[str, str], alias: str, slot: Any, stop: Any) -> None:
+               databases: dict[str, str], alias: str, slot: Any, stop: Any,
+               log_level: int = logging.INFO) -> None:
     # Ctrl-C in a terminal signals the whole process group; the coordinator alone
     # decides when children stop (and kills them outright when it must).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         worker = _set_up(worker_name, handler_path, databases)
+        _log_like_the_coordinator(log_level)
     except BaseException:
-        conn.send((SETUP_FAILED, traceback.format_exc()))
+        _send(conn, (SETUP_FAILED, traceback.format_exc()))
         return
-    conn.send((READY, os.getpid()))
-    pending: deque[Row] = deque()
+    if not _send(conn, (READY, os.getpid())):
+        return
+    pending: deque[Delivery] = deque()
     while True:
         try:
             if not pending:
@@ -81,11 +108,43 @@ def child_main(conn: Connection, worker_name: str, handler_path: str,
                     return
                 pending.extend(message)
         except (EOFError, OSError):
-            return  # the coordinator is gone
+            _parent_gone(worker_name)
+            return
         started = time.monotonic()
-        results = run_group(worker, alias, pending, slot, stop)
+        timings: dict[int, tuple[float, float]] = {}
+        results = run_group(worker, alias, pending, slot, stop, timings)
         failpoints.reached("child.after_commit")
-        conn.send((RESULTS, results, time.monotonic() - started))
+        if not _send(conn, (RESULTS, results, time.monotonic() - started, timings)):
+            return
+
+
+def _send(conn: Connection, message: Any) -> bool:
+    """Send to the coordinator; False (after one line on stderr) when it is gone."""
+    try:
+        conn.send(message)
+        return True
+    except (OSError, EOFError):  # BrokenPipeError among them
+        _parent_gone(str(message[0]))
+        return False
+
+
+def _parent_gone(what: str) -> None:
+    # Its coordinator was killed: what this child committed stays committed, the rows it
+    # held come back to others when their leases end. Nothing to report to anyone else.
+    print(f"django-dbworker child {os.getpid()}: its coordinator is gone; exiting",
+          file=sys.stderr, flush=True)
+
+
+def _log_like_the_coordinator(level: int) -> None:
+    """Children log failures themselves (they have the exception, for Sentry & co). With
+    no LOGGING of yours for these loggers, they go where the coordinator's go: stderr."""
+    dbworker = logging.getLogger("django_dbworker")
+    if not dbworker.level:
+        dbworker.setLevel(level)
+    if not dbworker.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        dbworker.addHandler(handler)
 
 
 def _set_up(worker_name: str, handler_path: str, databases: dict[str, str]) -> Any:
@@ -125,31 +184,34 @@ class _GroupFailed(Exception):
 
 
 class _DatabaseGone(Exception):
-    def __init__(self, row: Row | None, exc: BaseException) -> None:
+    def __init__(self, row: Delivery | None, exc: BaseException) -> None:
         super().__init__(str(exc))
         self.row, self.exc = row, exc
 
 
-def run_group(worker: Any, alias: str, pending: deque[Row], slot: Any, stop: Any) -> list[Result]:
+def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
+              stop: Any, timings: dict[int, tuple[float, float]] | None = None) -> list[Result]:
     """Run rows from the front of ``pending`` in one transaction; return their results
     (rows it did not get to stay in ``pending``, unless it is stopping or the database
-    went away: then they come back SKIPPED)."""
+    went away: then they come back SKIPPED). ``timings`` gets, for each row that ran,
+    (seconds its handler took, when it started as time.time())."""
+    timings = {} if timings is None else timings
     if stop.value or slot[SLOT_REVOKE]:
         slot[SLOT_REVOKE] = 0
         return _skip_all(pending)
     take = [pending.popleft() for _ in range(min(GROUP_ROWS, len(pending)))]
-    done: list[Row] = []
+    done: list[Delivery] = []
     try:
-        results = _run_together(worker, alias, take, done, slot, stop)
+        results = _run_together(worker, alias, take, done, slot, stop, timings)
     except _DatabaseGone as gone:
-        slot[SLOT_ID] = 0
+        slot[SLOT_SEQ] = 0
         results = [(SKIPPED, r[0], None) for r in done if r is not gone.row]
         if gone.row is not None:
             results.append((INTERRUPTED, gone.row[0], _describe(gone.exc)))
         untouched = [r for r in take if r not in done and r is not gone.row]
         return results + [(SKIPPED, r[0], None) for r in untouched] + _skip_all(pending)
     except _GroupFailed as failed:
-        slot[SLOT_ID] = 0
+        slot[SLOT_SEQ] = 0
         # Rolled back: run the rows it had reached (all of them if it failed before the
         # first) one per transaction, where each result stands alone.
         done[:] = done or take
@@ -159,7 +221,7 @@ def run_group(worker: Any, alias: str, pending: deque[Row], slot: Any, stop: Any
             if row[0] in lost:
                 results.append((LOST, row[0], None))
                 continue
-            result = run(worker, alias, *row, slot=slot)
+            result = run(worker, alias, row, slot=slot, timings=timings)
             results.append(result)
             if result[0] == INTERRUPTED:
                 return (results + [(SKIPPED, r[0], None) for r in done[i + 1:]]
@@ -169,26 +231,28 @@ def run_group(worker: Any, alias: str, pending: deque[Row], slot: Any, stop: Any
     return results
 
 
-def _requeue_and_skip(pending: deque[Row], take: list[Row], done: list[Row]) -> list[Result]:
+def _requeue_and_skip(pending: deque[Delivery], take: list[Delivery],
+                      done: list[Delivery]) -> list[Result]:
     pending.extendleft(reversed([r for r in take if r not in done]))
     return _skip_all(pending)
 
 
-def _skip_all(pending: deque[Row]) -> list[Result]:
+def _skip_all(pending: deque[Delivery]) -> list[Result]:
     results: list[Result] = [(SKIPPED, r[0], None) for r in pending]
     pending.clear()
     return results
 
 
-def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slot: Any,
-                  stop: Any) -> list[Result]:
+def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Delivery],
+                  slot: Any, stop: Any, timings: dict[int, tuple[float, float]]) -> list[Result]:
     from django.db import DatabaseError, connections, transaction
+    from django.utils import timezone
 
     connection = connections[alias]
     deadline = time.monotonic() + GROUP_SECONDS
-    outcomes: list[tuple[Row, Any]] = []
+    outcomes: list[tuple[Delivery, Any, datetime, datetime]] = []
     failures: list[Result] = []
-    row: Row | None = None
+    row: Delivery | None = None
     try:
         with transaction.atomic(using=alias):
             sources = _load_sources(worker, alias, take)
@@ -198,26 +262,31 @@ def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slo
                 if not _may_start(slot, row):
                     break  # revoked: the rest come back SKIPPED on the next call
                 done.append(row)
+                started = timezone.now()
                 try:
                     with transaction.atomic(using=alias):
                         outcome = _call_handler(worker, sources, row, slot)
-                    outcomes.append((row, outcome))
+                    finished = timezone.now()
+                    outcomes.append((row, outcome, started, finished))
+                    _timed(timings, row, started, finished)
+                    _after_commit(alias, worker, row, outcome.status.value, None, None)
                 except Exception as exc:
-                    slot[SLOT_ID] = 0
+                    slot[SLOT_SEQ] = 0
                     if _database_gone(alias, exc):
                         raise _DatabaseGone(row, exc) from exc
                     if connection.needs_rollback:
                         # The database aborted the whole transaction (a MySQL deadlock,
                         # say): no savepoint is left to return to.
                         raise _GroupFailed from exc
-                    status = record_failure(worker, alias, row[0], row[2], exc)
+                    _timed(timings, row, started, timezone.now())
+                    status = record_failure(worker, alias, row, exc, started)
                     failures.append((DONE, row[0], status) if status else (LOST, row[0], None))
             row = None
-            by_status: dict[str, tuple[Any, list[Row]]] = {}
-            for done_row, outcome in outcomes:
-                by_status.setdefault(outcome.status.value, (outcome, []))[1].append(done_row)
-            for outcome, rows in by_status.values():
-                if _write_outcome(alias, rows, outcome) != len(rows):
+            by_status: dict[str, list[tuple[Delivery, Any, datetime, datetime]]] = {}
+            for item in outcomes:
+                by_status.setdefault(item[1].status.value, []).append(item)
+            for items in by_status.values():
+                if _write_outcomes(worker, alias, items) != len(items):
                     raise _GroupFailed(claims_lost=True)
             failpoints.reached("child.before_commit")
     except (_DatabaseGone, _GroupFailed):
@@ -226,39 +295,44 @@ def _run_together(worker: Any, alias: str, take: list[Row], done: list[Row], slo
         if _database_gone(alias, exc):
             raise _DatabaseGone(row, exc) from exc
         raise _GroupFailed from exc
-    results = [(DONE, r[0], o.status.value) for r, o in outcomes] + failures
-    return results
+    return [(DONE, r[0], o.status.value) for r, o, _, _ in outcomes] + failures
 
 
-def _may_start(slot: Any, row: Row) -> bool:
+def _may_start(slot: Any, row: Delivery) -> bool:
     """Announce the row, then look for a revocation: the coordinator sets the flag
-    before it reads the announced id, so one of the two always sees the other."""
+    before it reads the announced delivery, so one of the two always sees the other."""
     slot[SLOT_STARTED] = time.monotonic()
-    slot[SLOT_ID] = row[0]
+    slot[SLOT_SEQ] = row[0]
     if slot[SLOT_REVOKE]:
-        slot[SLOT_ID] = 0
+        slot[SLOT_SEQ] = 0
         return False
     return True
 
 
-def _load_sources(worker: Any, alias: str, rows: Sequence[Row]) -> dict[int, Any]:
-    """The source row of each execution id, with one query (missing ones: deleted)."""
-    keys = {r[0]: worker.pk_field.to_python(r[1]) for r in rows}
+def _load_sources(worker: Any, alias: str, rows: Sequence[Delivery]) -> dict[int, Any]:
+    """The source row of each delivery, with one query (missing ones: deleted)."""
+    keys = {r[0]: worker.pk_field.to_python(r[2]) for r in rows}
     found = worker.source._default_manager.using(alias).in_bulk(set(keys.values()))
-    return {execution_id: found[key] for execution_id, key in keys.items() if key in found}
+    return {seq: found[key] for seq, key in keys.items() if key in found}
 
 
-def _call_handler(worker: Any, sources: dict[int, Any], row: Row, slot: Any) -> Any:
-
+def _call_handler(worker: Any, sources: dict[int, Any], row: Delivery, slot: Any) -> Any:
     source = sources.get(row[0])
     if source is None:
         raise worker.source.DoesNotExist(
-            f"{worker.source.__name__} with pk {row[1]!r} does not exist (deleted after "
+            f"{worker.source.__name__} with pk {row[2]!r} does not exist (deleted after "
             "it was claimed)."
         )
-    outcome = worker.handler(source)
-    slot[SLOT_ID] = 0
-    return _checked(worker, outcome)
+    _enter(row)
+    with tracing.span(worker.name, row[2], row[4]) as current:
+        try:
+            outcome = _checked(worker, worker.handler(source))
+        except BaseException:
+            _set_outcome(current, "failed")
+            raise
+        _set_outcome(current, outcome.status.value)
+    slot[SLOT_SEQ] = 0
+    return outcome
 
 
 def _checked(worker: Any, outcome: Any) -> Any:
@@ -272,14 +346,14 @@ def _checked(worker: Any, outcome: Any) -> Any:
     return outcome
 
 
-def _held_guard(rows: Sequence[Row]) -> Any:
+def _held_guard(rows: Sequence[Delivery]) -> Any:
     """Rows still held by these claims: each id with its own claim token, still working."""
     from django.db.models import Q
 
     from .status import ExecutionStatus
 
     by_token: dict[str, list[int]] = {}
-    for execution_id, _, token in rows:
+    for _, execution_id, _, token, _ in rows:
         by_token.setdefault(token, []).append(execution_id)
     guard = Q()
     for token, ids in by_token.items():
@@ -287,9 +361,10 @@ def _held_guard(rows: Sequence[Row]) -> Any:
     return guard & Q(status=ExecutionStatus.WORKING)
 
 
-def _lost_claims(alias: str, rows: Sequence[Row]) -> frozenset[int]:
-    """After the group rolled back: which of its rows no claim of ours holds any more
-    (rows that would only run to a lost claim again). Empty if the database cannot say."""
+def _lost_claims(alias: str, rows: Sequence[Delivery]) -> frozenset[int]:
+    """After the group rolled back: which of its deliveries no claim of ours holds any
+    more (rows that would only run to a lost claim again). Empty if the database cannot
+    say."""
     from django.db import DatabaseError
 
     from .models import Execution
@@ -299,47 +374,78 @@ def _lost_claims(alias: str, rows: Sequence[Row]) -> frozenset[int]:
                    .values_list("id", flat=True))
     except DatabaseError:
         return frozenset()
-    return frozenset(r[0] for r in rows if r[0] not in held)
+    return frozenset(r[0] for r in rows if r[1] not in held)
 
 
-def _write_outcome(alias: str, rows: list[Row], outcome: Any) -> int:
-    """One UPDATE for rows with the same outcome, each guarded by its own claim token."""
+def _per_row(items: Sequence[tuple[Delivery, datetime]]) -> Any:
+    """A value that differs per row, in the one UPDATE that writes a group's outcomes."""
+    from django.db.models import Case, DateTimeField, Value, When
+
+    if len(items) == 1:
+        return items[0][1]
+    return Case(*[When(id=row[1], then=Value(when)) for row, when in items],
+                output_field=DateTimeField())
+
+
+def _write_outcomes(worker: Any, alias: str,
+                    items: Sequence[tuple[Delivery, Any, datetime, datetime]]) -> int:
+    """One UPDATE for rows with the same outcome, each guarded by its own claim token and
+    given its own start and finish times."""
     from .models import Execution
 
-    return (Execution.objects.using(alias).filter(_held_guard(rows))
-            .update(**outcome_values(outcome)))
+    rows = [row for row, _, _, _ in items]
+    values = outcome_values(items[0][1])
+    values["started_at"] = _per_row([(row, started) for row, _, started, _ in items])
+    if "finished_at" in values:
+        values["finished_at"] = _per_row([(row, finished) for row, _, _, finished in items])
+    if worker.rerun_every is not None and "finished_at" in values:  # stale that long after
+        values["next_attempt_at"] = _per_row([(row, finished + worker.rerun_every)
+                                              for row, _, _, finished in items])
+    values = rerun_aware(values, worker)
+    return Execution.objects.using(alias).filter(_held_guard(rows)).update(**values)
 
 
-def run(worker: Any, alias: str, execution_id: int, source_id: str, token: str,
-        slot: Any) -> Result:
+def run(worker: Any, alias: str, row: Delivery, slot: Any,
+        timings: dict[int, tuple[float, float]] | None = None) -> Result:
     """Run one row in its own transaction (the fallback of a group that failed)."""
     from django.db import transaction
+    from django.utils import timezone
 
     from .exceptions import LostClaim
 
+    seq = row[0]
+    started = timezone.now()
     try:
         with transaction.atomic(using=alias):
-            pk = worker.pk_field.to_python(source_id)
+            pk = worker.pk_field.to_python(row[2])
             source = worker.source._default_manager.using(alias).get(pk=pk)
             slot[SLOT_STARTED] = time.monotonic()
-            slot[SLOT_ID] = execution_id
-            outcome = _checked(worker, worker.handler(source))
-            slot[SLOT_ID] = 0
-            if _write_outcome(alias, [(execution_id, source_id, token)], outcome) != 1:
-                raise LostClaim(f"Execution {execution_id} was claimed by another process")
-        return (DONE, execution_id, outcome.status.value)
+            slot[SLOT_SEQ] = seq
+            started = timezone.now()
+            _enter(row)
+            with tracing.span(worker.name, row[2], row[4]) as current:
+                outcome = _checked(worker, worker.handler(source))
+                _set_outcome(current, outcome.status.value)
+            slot[SLOT_SEQ] = 0
+            finished = timezone.now()
+            _timed(timings, row, started, finished)
+            if _write_outcomes(worker, alias, [(row, outcome, started, finished)]) != 1:
+                raise LostClaim(f"Execution {row[1]} was claimed by another process")
+            _after_commit(alias, worker, row, outcome.status.value, None, None)
+        return (DONE, seq, outcome.status.value)
     except LostClaim:
-        return (LOST, execution_id, None)
+        return (LOST, seq, None)
     except Exception as exc:
-        slot[SLOT_ID] = 0
+        slot[SLOT_SEQ] = 0
+        _timed(timings, row, started, timezone.now())
         if _database_gone(alias, exc):
-            return (INTERRUPTED, execution_id, _describe(exc))
+            return (INTERRUPTED, seq, _describe(exc))
         try:
-            status = record_failure(worker, alias, execution_id, token, exc)
+            status = record_failure(worker, alias, row, exc, started)
         except Exception as second:
             _database_gone(alias, second)
-            return (INTERRUPTED, execution_id, _describe(second))
-        return (DONE, execution_id, status) if status else (LOST, execution_id, None)
+            return (INTERRUPTED, seq, _describe(second))
+        return (DONE, seq, status) if status else (LOST, seq, None)
 
 
 def outcome_values(outcome: Any) -> dict[str, Any]:
@@ -355,60 +461,112 @@ def outcome_values(outcome: Any) -> dict[str, Any]:
         "error_type": None,
         "error_message": None,
         "error_traceback": None,
+        "rerun_reason": None,
         "updated_at": now,
     }
     if isinstance(outcome, Unfinished):
         values["attempts"] = 0  # progress: continuations do not use up retries
+        values["ready_at"] = now
     else:
         values["finished_at"] = now
     return values
 
 
-def record_failure(worker: Any, alias: str, execution_id: int, token: str,
-                   exc: BaseException) -> str | None:
-    """Record the error (the handler's writes are already rolled back). Returns the new
-    status, or None when the claim was lost meanwhile."""
+def rerun_aware(values: dict[str, Any], worker: Any) -> dict[str, Any]:
+    """With rerun_on, a listed column that changed while the handler ran (the trigger
+    flags the row) makes it pending again instead of done: the change is not lost."""
+    if not worker.rerun_on:
+        return values
+    from django.db.models import Case, CharField, DateTimeField, F, Q, Value, When
+
+    flagged = Q(rerun_requested=True)
+    values = dict(values)
+    text, when = CharField(), DateTimeField()
+    values["status"] = Case(When(flagged, then=Value("pending")), default=Value(values["status"]),
+                            output_field=text)
+    due = values.get("next_attempt_at")
+    if due is not None:  # (rerun_every; else it stays NULL anyway)
+        values["next_attempt_at"] = Case(
+            When(flagged, then=Value(None, output_field=when)),
+            default=due if hasattr(due, "resolve_expression") else Value(due, output_field=when),
+            output_field=when)
+    # (A NULL with no type of its own would be text in a CASE: keep the reason, or NULL.)
+    values["rerun_reason"] = Case(When(flagged, then=F("rerun_reason")), default=None,
+                                  output_field=text)
+    # Last: MySQL assigns left to right, and the cases above read the flag.
+    values["rerun_requested"] = False
+    return values
+
+
+def record_failure(worker: Any, alias: str, row: Delivery, exc: BaseException,
+                   started: datetime) -> str | None:
+    """Record the error (the handler's writes are already rolled back) and what the retry
+    policy makes of it. Returns the new status, or None when the claim was lost."""
     from django.db import transaction
     from django.utils import timezone
 
+    from .errors import failure_fields
     from .models import Execution
+    from .status import ExecutionStatus
 
     now = timezone.now()
     with transaction.atomic(using=alias):
-        held = Execution.objects.using(alias).held_by(execution_id, token)
+        held = Execution.objects.using(alias).held_by(row[1], row[3])
         attempts = held.values_list("attempts", flat=True).first()
         if attempts is None:
             return None
-        values = {"claim_token": None, "lease_expires_at": None, "updated_at": now,
-                  **error_values(exc), **next_attempt(worker, attempts, now)}
-        return values["status"] if held.update(**values) == 1 else None
+        decision = worker.retry_policy.after_failure(attempts, now)
+        _enter(row)
+        worker.on_failure(alias, row[2], exc, final=not decision.retried)
+        values = rerun_aware({"claim_token": None, "lease_expires_at": None, "updated_at": now,
+                              "started_at": started, **failure_fields(exc),
+                              **decision.values(now)}, worker)
+        if held.update(**values) != 1:
+            return None
+        outcome = "retried" if decision.retried else ExecutionStatus.FAILED.value
+        _after_commit(alias, worker, row, outcome, exc, decision.next_attempt_at)
+        return outcome
 
 
-def next_attempt(worker: Any, attempts: int, now: Any) -> dict[str, Any]:
-    """After a failed attempt: retry later (UNFINISHED, invisible to claims until
-    next_attempt_at) while attempts remain, else FAILED."""
-    from .status import ExecutionStatus
-
-    if worker.max_attempts is not None and attempts < worker.max_attempts:
-        return {"status": ExecutionStatus.UNFINISHED.value,
-                "next_attempt_at": now + timedelta(seconds=retry_delay(worker, attempts))}
-    return {"status": ExecutionStatus.FAILED.value, "finished_at": now}
+def _timed(timings: dict[int, tuple[float, float]] | None, row: Delivery, started: datetime,
+           finished: datetime) -> None:
+    if timings is not None:
+        timings[row[0]] = ((finished - started).total_seconds(), started.timestamp())
 
 
-def retry_delay(worker: Any, attempts: int) -> float:
-    """Exponential back-off with full jitter between 50% and 100% of the step."""
-    step = worker.retry_backoff * (2 ** max(attempts - 1, 0))
-    return step * random.uniform(0.5, 1.0)
+def _set_outcome(current: Any, outcome: str) -> None:
+    if current is not None:
+        current.set_attribute("dbworker.outcome", outcome)
 
 
-def error_values(exc: BaseException) -> dict[str, str]:
-    cls = type(exc)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    return {
-        "error_type": name[:255],
-        "error_message": str(exc),
-        "error_traceback": "".join(traceback.format_exception(exc)),
-    }
+def _after_commit(alias: str, worker: Any, row: Delivery, outcome: str,
+                  exc: BaseException | None, retry_at: datetime | None) -> None:
+    """Once the outcome committed (never for a rolled-back group): the log lines and
+    signals of this row, in the child."""
+    from django.db import transaction
+
+    transaction.on_commit(lambda: _announce(worker, row, outcome, exc, retry_at), using=alias)
+
+
+def _announce(worker: Any, row: Delivery, outcome: str, exc: BaseException | None,
+              retry_at: datetime | None) -> None:
+    from . import signals
+
+    details = {"worker": worker.name, "execution_id": row[1], "source_id": row[2],
+               "attempt": row[4]}
+    if exc is not None:
+        total = worker.max_attempts or 1
+        then = (f"retry at {retry_at:%Y-%m-%d %H:%M:%S} UTC" if retry_at is not None
+                else "no retry left: failed")
+        logger.warning("Worker %s: execution %s (source %s) failed on attempt %d of %d: %s; %s",
+                       worker.name, row[1], row[2], row[4], total, _describe(exc), then,
+                       exc_info=exc)
+        if retry_at is not None:
+            logger.info("Worker %s: execution %s will be retried at %s UTC (attempt %d of %d)",
+                        worker.name, row[1], f"{retry_at:%H:%M:%S}", row[4] + 1, total)
+    signal = {"retried": signals.execution_retried,
+              "failed": signals.execution_failed}.get(outcome, signals.execution_finished)
+    signal.send_robust(sender=worker, **details)
 
 
 def _describe(exc: BaseException) -> str:

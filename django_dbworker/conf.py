@@ -18,8 +18,15 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 30.0,
     "POLL_SECONDS": 0.25,
     "MAX_POLL_SECONDS": 10.0,
+    # Where the database cannot notify (MySQL/MariaDB, SQLite, PostgreSQL behind PgBouncer)
+    # an idle coordinator asks this often whether rows were inserted (one cheap query).
+    "PROBE_SECONDS": 0.02,
     "WORKER_MODULES": None,  # None: autodiscover `workers` in every installed app
     "ENGINE_OPTIONS": {},
+    "LISTEN_DATABASE": None,  # alias for LISTEN (None: DATABASE); see docs/deployment.md
+    "IDENTITY": None,  # None: the host name (claimed_by and heartbeats say host:pid)
+    "SCHEDULES": {},  # name -> {"task": path, "cron" or "every", "args", "kwargs", "catch_up"}
+    "FAILPOINT": None,  # crash tests only (see failpoints.py); never set in production
 }
 
 

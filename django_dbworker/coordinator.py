@@ -1,91 +1,50 @@
 """The coordinator: claims rows for each worker and hands them to its children.
 
-One thread runs one loop. It waits on the children's pipes and process sentinels, a
-wake-up pipe (stop requests) and, on PostgreSQL, the LISTEN socket; between waits it
-claims for pools with free children, renews leases, recovers expired claims and writes
-its heartbeat. ``manage.py runworkers`` runs it in the foreground; embed it with
-``start()``/``stop()`` or run ``drain()`` in scripts and tests.
+One thread runs one loop. Each pass is a short list of steps: claim for pools with room,
+retry refused releases, renew leases (and the heartbeat), recover work whose holder is
+gone, let the pools enforce timeouts and give back rows stuck behind a slow handler; then
+it waits on the children's pipes and sentinels, a wake-up pipe (stop requests) and, on
+PostgreSQL, the LISTEN socket. ``manage.py runworkers`` runs it in the foreground; embed
+it with ``start()``/``stop()`` or run ``drain()`` in scripts and tests.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from multiprocessing.connection import wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.utils import timezone
 
-from . import child as messages
-from . import conf, failpoints
-from .bridge import DATABASE_ERRORS, Bridge, Claim, Listener, listener_for
+from . import failpoints, identity, protocol
+from .backoff import Backoff
+from .bridge import Bridge, Listener, listener_for
 from .installation import missing_triggers
-from .pool import SPAWN, Child, Pool
+from .options import Options
+from .outage import DatabaseHealth, wait_for_database
+from .pool import SPAWN, ChildProcess, Died, Event, Pool, Reported, TimedOut
+from .recovery import Watchman
 from .registry import Worker, registry
-from .vendors import for_connection
+from .releases import ReleaseQueue
+from .schedules import Scheduler
+from .vendors import PAUSE_NOTICE, for_connection
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .probes import ProbeServer
 
 logger = logging.getLogger("django_dbworker.coordinator")
-CHILD_START_SECONDS = 120.0
 RELEASE_PATIENCE_SECONDS = 10.0  # at shutdown, for releases the database refused
-
-
-@dataclass
-class Settings:
-    database: str
-    lease_seconds: float
-    poll_seconds: float
-    max_poll_seconds: float
-    shutdown_timeout: float | None = None
-    status_interval: float = 60.0
-    concurrency: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def from_conf(cls, overrides: Mapping[str, Any]) -> Settings:
-        known = {"database", "lease_seconds", "poll_seconds", "max_poll_seconds",
-                 "shutdown_timeout", "status_interval", "concurrency"}
-        unknown = set(overrides) - known
-        if unknown:
-            raise TypeError(f"Unknown Coordinator option(s): {', '.join(sorted(unknown))}. "
-                            f"Known: {', '.join(sorted(known))}.")
-        return cls(
-            database=overrides.get("database") or conf.value("DATABASE"),
-            lease_seconds=float(overrides.get("lease_seconds") or conf.value("LEASE_SECONDS")),
-            poll_seconds=float(overrides.get("poll_seconds") or conf.value("POLL_SECONDS")),
-            max_poll_seconds=float(
-                overrides.get("max_poll_seconds") or conf.value("MAX_POLL_SECONDS")),
-            shutdown_timeout=overrides.get("shutdown_timeout"),
-            status_interval=float(overrides.get("status_interval") or 60.0),
-            concurrency=dict(overrides.get("concurrency") or {}),
-        )
-
-
-class Backoff:
-    """When a pool may claim next: at once after work, doubling waits while idle."""
-
-    def __init__(self, first: float, most: float) -> None:
-        self.first, self.most = first, most
-        self.delay = first
-        self.next_at = 0.0
-        self.exhausted = False  # the last claim found nothing (drain uses this)
-
-    def found_work(self) -> None:
-        self.delay, self.next_at, self.exhausted = self.first, 0.0, False
-
-    def found_nothing(self, now: float) -> None:
-        self.next_at = now + self.delay
-        self.delay = min(self.delay * 2, self.most)
-        self.exhausted = True
-
-    def wake(self) -> None:
-        """Something changed (a row was inserted, a handler finished): claim again now."""
-        self.delay, self.next_at, self.exhausted = self.first, 0.0, False
+STATS = ["claimed", "finished", "unfinished", "failed", "retried", "lost", "crashed",
+         "released"]
 
 
 class Coordinator:
@@ -93,11 +52,11 @@ class Coordinator:
 
     Overrides: ``database``, ``lease_seconds``, ``poll_seconds``, ``max_poll_seconds``,
     ``concurrency`` (an int for all, or {name: int}), ``shutdown_timeout``,
-    ``status_interval``.
+    ``status_interval``, ``wait_for_database`` (seconds set-up waits for a database that
+    does not answer yet), ``schedules`` (False: enqueue no schedule's slots).
     """
 
     def __init__(self, workers: Iterable[str] | None = None, **overrides: Any) -> None:
-        concurrency = overrides.pop("concurrency", None)
         names = list(workers) if workers is not None else list(registry)
         if not names:
             raise ImproperlyConfigured(
@@ -105,22 +64,30 @@ class Coordinator:
                 "of an installed app (or list modules in DBWORKER['WORKER_MODULES'])."
             )
         self.workers: list[Worker] = [registry[name] for name in names]
-        if isinstance(concurrency, int):
-            concurrency = {w.name: concurrency for w in self.workers}
-        for name in concurrency or {}:
-            registry[name]  # an unknown name fails here, naming the known ones
-        overrides["concurrency"] = concurrency or {}
-        self.settings = Settings.from_conf(overrides)
-        for w in self.workers:
-            n = self.settings.concurrency.get(w.name, w.concurrency)
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ImproperlyConfigured(f"Concurrency for {w.name!r} must be an int >= 1.")
-        self.identity = f"{socket.gethostname()}:{os.getpid()}"
+        self.settings = Options.build(self.workers, overrides)
+        self.host = identity.host()
+        self.identity = f"{self.host}:{os.getpid()}"
         self.stats: Counter[str] = Counter()
         self.pools: list[Pool] = []
         self.bridge: Bridge | None = None
         self.listener: Listener | None = None
+        # Made in set_up(), with the bridge they use.
+        self.health: DatabaseHealth
+        self.releases: ReleaseQueue
+        self.watchman: Watchman
+        self.scheduler: Scheduler | None = None
+        self.metrics: Metrics | None = None
+        self.probes: ProbeServer | None = None
+        self._paused: set[str] = set()
+        self._no_notifications = False  # NOTIFY does not reach us (PgBouncer): poll
+        self._listening_checked = False
+        self._next_probe = 0.0
+        self._change_token: Any = None
+        self._last_pass = time.monotonic()
         self._backoff: dict[str, Backoff] = {}
+        # Monotonic time each worker's first waiting row is due (None: none waits). Each
+        # worker starts by looking.
+        self._due: dict[str, float | None] = {}
         self._stopping = False
         self._force = False
         self._stop_deadline: float | None = None
@@ -130,12 +97,8 @@ class Coordinator:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._coordinator_id: int | None = None
-        self._database_down_until = 0.0
-        self._database_delay = self.settings.poll_seconds
         self._error: BaseException | None = None
-        # Releases the database refused (down, or SQLite's lock held by a handler): kept,
-        # renewed like held rows, and retried until they are done.
-        self._unreleased: deque[tuple[Claim, bool, tuple[str, str] | None]] = deque()
+        self._watched: tuple[tuple[int, ...], dict[Any, Any]] | None = None
         # Read by every child before it starts a row: set, they send back what they
         # have not started instead of running it.
         self._stop_flag = SPAWN.RawValue("b", 0)
@@ -150,9 +113,9 @@ class Coordinator:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, wait for running handlers, release what was not started."""
-        self.request_stop()
-        if timeout is not None:
+        if timeout is not None:  # before waking the loop, which reads it when it wakes
             self.settings.shutdown_timeout = timeout
+        self.request_stop()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -189,11 +152,17 @@ class Coordinator:
         except OSError:
             pass
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stats_line(self) -> str:
+        return ", ".join(f"{k} {self.stats[k]}" for k in STATS)
+
     # -- set-up and tear-down ------------------------------------------------------------
     def check(self) -> None:
         """Everything that must hold before anything is claimed; raises with the fix."""
-        connection = connections[self.settings.database]
-        vendor = for_connection(connection)
+        vendor = for_connection(connections[self.settings.database])
         vendor.check_supported()
         for w in self.workers:
             if w.handler.__module__ == "__main__":
@@ -204,72 +173,115 @@ class Coordinator:
         missing = missing_triggers(self.settings.database, self.workers)
         if missing:
             raise ImproperlyConfigured(
-                f"Triggers missing for workers ({', '.join(missing)}): run "
-                "`python manage.py migrate` after registering workers."
+                f"Triggers missing for worker(s) {', '.join(missing)}: run "
+                "`python manage.py migrate` (it installs the triggers of every registered "
+                "worker), then start runworkers again."
             )
 
     def set_up(self) -> None:
+        for_connection(connections[self.settings.database])  # a backend we support, unconnected
+        wait_for_database(self.settings.database, self.settings.wait_for_database)
         self.check()
-        self.bridge = Bridge(self.settings.database, self.settings.lease_seconds)
-        databases = {
-            alias: str(connections[alias].settings_dict["NAME"]) for alias in connections
-        }
-        self.pools = [
-            Pool(w, self.settings.concurrency.get(w.name, w.concurrency), databases,
-                 self.settings.database, self._stop_flag)
-            for w in self.workers
-        ]
+        self.bridge = bridge = Bridge(self.settings.database, self.settings.lease_seconds)
+        self.health = DatabaseHealth(bridge.vendor, bridge.ping, self.settings.poll_seconds)
+        self.releases = ReleaseQueue(bridge, self.health)
+        self.scheduler = Scheduler(self.settings.database) if self.settings.schedules else None
+        self.watchman = Watchman(bridge, self.workers, self.host, identity.namespace(),
+                                 self.stats, self._wake)
+        databases = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
+        self.pools = [Pool(w, self.settings.concurrency[w.name], self._spawner(w, databases))
+                      for w in self.workers]
         self._backoff = {
             w.name: Backoff(self.settings.poll_seconds, self.settings.max_poll_seconds)
             for w in self.workers
         }
-        for pool in self.pools:
-            pool.start()
+        self._due = dict.fromkeys(self._backoff, 0.0)
         try:
+            for pool in self.pools:
+                pool.start()
             self._wait_until_ready()
         except BaseException:
-            self._kill_children()
-            self.bridge.close()
+            for pool in self.pools:
+                pool.kill()
+            bridge.close()
             raise
         self._register()
-        self.listener = listener_for(self.bridge)
+        self._listen()
+        self._refresh_pauses()
+        if self.settings.metrics_port is not None:
+            self._serve_probes(self.settings.metrics_port)
         logger.info(
             "django-dbworker coordinator %s: %s; database %s, claims by %s, lease %ss",
             self.identity,
             ", ".join(f"{p.worker.name} x{p.concurrency}" for p in self.pools),
-            self.bridge.vendor.describe(), self.bridge.vendor.claim_mode,
-            self.settings.lease_seconds,
+            bridge.vendor.describe(), bridge.vendor.claim_mode, self.settings.lease_seconds,
         )
+
+    def _spawner(self, worker: Worker, databases: dict[str, str]) -> Callable[[], ChildProcess]:
+        def spawn() -> ChildProcess:
+            return ChildProcess(worker, databases, self.settings.database, self._stop_flag)
+        return spawn
+
+    def _listen(self) -> None:
+        """LISTEN for wake-ups, if the database can, and check once that they arrive."""
+        assert self.bridge is not None
+        if self._no_notifications:
+            return
+        self.listener = self.health.call(listener_for, self.bridge)
+        if self.listener is None or self._listening_checked:
+            return
+        hears = self.health.call(self.listener.hears, self.bridge)
+        if hears is None:
+            return  # the database failed meanwhile: checked at the next LISTEN
+        self._listening_checked = True
+        if not hears:
+            logger.warning(
+                "NOTIFY does not reach this coordinator's LISTEN connection (PgBouncer in "
+                "transaction mode?): new rows are noticed by polling instead. Set "
+                "DBWORKER['LISTEN_DATABASE'] to a DATABASES alias that connects directly.")
+            self.listener.close()
+            self.listener = None
+            self._no_notifications = True
+
+    def _serve_probes(self, port: int) -> None:
+        from .metrics import Metrics
+        from .probes import ProbeServer
+
+        assert self.bridge is not None
+        bridge = self.bridge
+        self.metrics = Metrics(self.workers, lambda: bridge.backlog(self.workers),
+                               lambda: {p.worker.name: len(p.busy) for p in self.pools})
+        self.probes = ProbeServer(port, self.metrics.registry, self.probe_state)
+        self.probes.start()
+        logger.info("Serving /metrics, /healthz and /readyz on port %d", self.probes.port)
+
+    def probe_state(self) -> dict[str, Any]:
+        """What /healthz and /readyz answer from (read from the probes' thread)."""
+        return {"last_pass": self._last_pass, "stopping": self._stopping,
+                "database": self.health.down_since is None,
+                "children_ready": not any(p.starting for p in self.pools)}
+
+    def _wait_until_ready(self) -> None:
+        """The first children's handshake: one that cannot start stops set-up, naming why."""
+        from .pool import CHILD_START_SECONDS
+
+        deadline = time.monotonic() + CHILD_START_SECONDS
+        while any(p.starting for p in self.pools):
+            watched = {h: p for p in self.pools for h in p.handles()}
+            ready = wait(list(watched), timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
+                raise ImproperlyConfigured(
+                    f"Worker children did not start within {CHILD_START_SECONDS:.0f}s.")
+            for handle in ready:
+                watched[handle].on_ready(handle, strict=True)
 
     def _register(self) -> None:
         """Record this coordinator for the admin (retried with each renewal while the
         database is busy or down: it must never stop work from starting)."""
         assert self.bridge is not None
-        self._coordinator_id = self._quietly(
-            self.bridge.register_coordinator, socket.gethostname(), os.getpid(),
+        self._coordinator_id = self.health.call(
+            self.bridge.register_coordinator, self.host, identity.namespace(), os.getpid(),
             [w.name for w in self.workers])
-
-    def _wait_until_ready(self) -> None:
-        deadline = time.monotonic() + CHILD_START_SECONDS
-        waiting = {c.conn: (p, c) for p in self.pools for c in p.children}
-        while waiting:
-            ready = wait(list(waiting), timeout=max(deadline - time.monotonic(), 0))
-            if not ready:
-                raise ImproperlyConfigured("Worker children did not start within "
-                                           f"{CHILD_START_SECONDS:.0f}s.")
-            for conn in ready:
-                pool, child = waiting.pop(conn)  # type: ignore[call-overload]
-                try:
-                    kind, detail = child.conn.recv()
-                except EOFError:
-                    kind, detail = messages.SETUP_FAILED, "the child exited during set-up"
-                if kind != messages.READY:
-                    last = str(detail).strip().splitlines()[-1] if detail else ""
-                    raise ImproperlyConfigured(
-                        f"A child for worker {pool.worker.name!r} could not start "
-                        f"({pool.worker.handler_path}): {last}"
-                    )
-                child.ready = True
 
     def _run_and_tear_down(self) -> None:
         try:
@@ -282,18 +294,19 @@ class Coordinator:
 
     def tear_down(self) -> None:
         for pool in self.pools:
-            for c in pool.children:
-                c.stop()
+            pool.stop()
         for pool in self.pools:
-            for c in pool.children:
-                c.join(10)
+            pool.join(10)
         if self.listener is not None:
             self.listener.close()
             self.listener = None
-        self._flush_releases(patience=RELEASE_PATIENCE_SECONDS)
+        if self.probes is not None:
+            self.probes.stop()
+            self.probes = None
         if self.bridge is not None:
+            self.releases.flush(patience=RELEASE_PATIENCE_SECONDS)
             if self._coordinator_id is not None:
-                self._quietly(self.bridge.unregister_coordinator, self._coordinator_id)
+                self.health.call(self.bridge.unregister_coordinator, self._coordinator_id)
             self.bridge.close()
         logger.info("Coordinator %s stopped: %s", self.identity, self.stats_line())
 
@@ -302,127 +315,239 @@ class Coordinator:
         assert self.bridge is not None
         lease = self.settings.lease_seconds
         renew_every = max(lease / 3, 0.05)
-        next_renew = next_recover = time.monotonic()
+        # Draining looks for expired leases as often as it renews: it ends only when
+        # nothing is left, and an expired lease is work left.
+        recover_every = renew_every if drain else lease / 2
+        next_renew = next_recover = next_pauses = self._next_probe = time.monotonic()
         next_status = time.monotonic() + self.settings.status_interval
         while True:
-            now = time.monotonic()
+            now = self._last_pass = time.monotonic()
             if self._force:
                 self._abandon_all()
                 return
-            if self._stopping:
-                if not self._stop_announced:
-                    self._stop_announced = True
-                    if self.settings.shutdown_timeout is not None:
-                        self._stop_deadline = now + self.settings.shutdown_timeout
-                    logger.info("Stopping: no new claims; waiting for %d running handler(s)",
-                                sum(len(p.busy) for p in self.pools))
-                failpoints.reached("coordinator.stopping")
-                if not any(p.busy for p in self.pools) and not self._unreleased:
-                    return
-                if self._stop_deadline is not None and now >= self._stop_deadline:
-                    logger.warning("Shutdown timeout reached: terminating running handlers")
-                    self._force = True
-                    continue
-            elif now >= self._database_down_until:
-                if drain and now >= next_recover:
-                    self._quietly(self._recover_expired)
-                    next_recover = now + renew_every
-                self._claim_and_dispatch(now, drain)
-            if self._unreleased and now >= self._database_down_until:
-                self._flush_releases()
-            if now >= next_renew:
-                self._quietly(self._renew)
-                next_renew = now + renew_every
-            self._check_timeouts(now)
-            self._revoke_waiting(now)
-            if not drain and now >= next_recover:
-                self._quietly(self._recover_expired)
-                next_recover = now + lease / 2
+            if self._stopping and self._stopped(now):
+                return
+            for pool in self.pools:
+                pool.tick(now)
+                events, revoked = pool.check(now)
+                self._on_events(pool, events)
+                for claim in revoked:
+                    self._give_back(claim, pool.worker.name)
+                if revoked:
+                    self._backoff[pool.worker.name].wake()
+            if self.health.available(now):
+                if not self._stopping:
+                    if self.scheduler:
+                        self.health.call(self.scheduler.run)
+                    self._promote_due(now)
+                    self._claim(now, drain)
+                self.releases.flush()
+                if now >= next_renew:
+                    self.health.call(self._renew)
+                    next_renew = now + renew_every
+                if now >= next_recover:
+                    self.health.call(self.watchman.run, self._coordinator_id)
+                    next_recover = now + recover_every
+                if now >= next_pauses:  # (PostgreSQL also tells at once, by NOTIFY)
+                    self.health.call(self._refresh_pauses)
+                    next_pauses = now + self.settings.poll_seconds
+                if self.listener is None and now >= self._next_probe and not self._stopping:
+                    self._probe_changes(now)
             if now >= next_status:
                 logger.info("Status: %s", self.stats_line())
                 next_status = now + self.settings.status_interval
             if drain and self._drained():
                 return
-            self._wait(self._timeout(now, next_renew, drain))
+            self._wait(self._timeout(now, next_renew))
 
-    def _claim_and_dispatch(self, now: float, drain: bool) -> None:
+    def _stopped(self, now: float) -> bool:
+        """While stopping: whether every handler finished and every row went back."""
+        if self._stop_deadline is None and self.settings.shutdown_timeout is not None:
+            self._stop_deadline = now + self.settings.shutdown_timeout
+        if not self._stop_announced:
+            self._stop_announced = True
+            logger.info("Stopping: no new claims; waiting for %d running handler(s)",
+                        sum(len(p.busy) for p in self.pools))
+        failpoints.reached("coordinator.stopping")
+        if not any(p.busy for p in self.pools) and not len(self.releases):
+            return True
+        if self._stop_deadline is not None and now >= self._stop_deadline:
+            logger.warning("Shutdown timeout reached: terminating running handlers")
+            self._force = True
+        return False
+
+    def _claim(self, now: float, drain: bool) -> None:
         assert self.bridge is not None
         for pool in self.pools:
+            if pool.worker.name in self._paused:
+                continue  # its running handlers finish; it claims nothing new
             backoff = self._backoff[pool.worker.name]
-            free = pool.free_slots()
+            free = pool.free_slots(now)
             if free > 0 and (now >= backoff.next_at or (drain and not backoff.exhausted)):
-                try:
-                    claims = self.bridge.claim(pool.worker, free, self.identity)
-                except DATABASE_ERRORS as exc:
-                    self._database_down(exc)
-                    return
-                self._database_delay = self.settings.poll_seconds
+                claims = self.health.call(self.bridge.claim, pool.worker, free, self.identity)
+                if claims is None:
+                    return  # the database failed: the outage (or wait) is under way
                 if claims:
                     failpoints.reached("coordinator.after_claim")
-                    self.stats["claimed"] += len(claims)
-                    for claim in pool.distribute(claims):  # a child died as we sent
-                        self._release(claim, started=False)
+                    self._count(pool.worker.name, "claimed", len(claims))
+                    for claim in pool.distribute(claims, now):  # a child died as we sent
+                        self._give_back(claim, pool.worker.name)
                     backoff.found_work()
+                elif self._promote(pool.worker, now):
+                    backoff.wake()  # rows were waiting for their due time: claim them
                 else:
                     backoff.found_nothing(now)
 
-    def _drained(self) -> bool:
-        return all(
-            not p.busy and not self._unreleased and self._backoff[p.worker.name].exhausted
-            for p in self.pools
-        )
+    def _promote(self, worker: Worker, now: float) -> bool:
+        """Make the worker's rows whose due time came claimable (retries, run_after,
+        rerun_every), and learn when the next one is due. True if it promoted any."""
+        assert self.bridge is not None
+        due = self._due.get(worker.name)
+        promoted = 0
+        if due is None or due <= now:
+            promoted = self.health.call(self.bridge.promote_due, worker) or 0
+        seconds = self.health.call(self.bridge.seconds_until_due, worker)
+        if seconds is None:
+            self._due[worker.name] = None  # none waits (or the database failed: next claim)
+        else:
+            # Not before a poll when nothing was due yet: the clocks may disagree a little.
+            self._due[worker.name] = now + max(seconds, 0.0 if promoted else
+                                               self.settings.poll_seconds)
+        return promoted > 0
 
-    def _timeout(self, now: float, next_renew: float, drain: bool) -> float:
+    def _promote_due(self, now: float) -> None:
+        for pool in self.pools:
+            due = self._due.get(pool.worker.name)
+            if due is not None and due <= now and self._promote(pool.worker, now):
+                self._backoff[pool.worker.name].wake()
+
+    def _drained(self) -> bool:
+        return not len(self.releases) and all(
+            not p.busy and (self._backoff[p.worker.name].exhausted or p.worker.name in self._paused)
+            for p in self.pools)
+
+    def _timeout(self, now: float, next_renew: float) -> float:
         deadlines = [next_renew]
         if not self._stopping:
-            for pool in self.pools:
-                if pool.free_slots() > 0:
-                    deadlines.append(self._backoff[pool.worker.name].next_at)
-            deadlines.append(self._database_down_until)
+            deadlines.extend(self._backoff[p.worker.name].next_at for p in self.pools
+                             if p.free_slots(now) > 0)
+            deadlines.extend(d for d in self._due.values() if d is not None)
+            slot = self.scheduler.due_at() if self.scheduler else None
+            if slot is not None:  # (wall clock, for cron times; the loop waits in monotonic)
+                deadlines.append(now + max((slot - datetime.now(UTC)).total_seconds(), 0.0))
+            if self.listener is None:
+                deadlines.append(self._next_probe)
+        health = self.health.deadline()
+        if health is not None:
+            deadlines.append(health)
         if self._stop_deadline is not None:
             deadlines.append(self._stop_deadline)
-        if self._unreleased:
-            deadlines.append(self._database_down_until)
-        for pool in self.pools:
-            for c in pool.busy:
-                running = c.running()
-                if running is None:
-                    continue
-                if pool.worker.timeout is not None:
-                    deadlines.append(running[1] + pool.worker.timeout)
-                if len(c.outstanding) > 1:
-                    deadlines.append(running[1] + pool.stuck_after())
+        deadlines.extend(d for p in self.pools if (d := p.next_deadline()) is not None)
         future = [d for d in deadlines if d > now]
         return min(min(future) - now, self.settings.max_poll_seconds) if future else 0.0
 
     def _wait(self, timeout: float) -> None:
-        watched: dict[Any, tuple[str, Any]] = {self._wake_r: ("wake", None)}
-        if self.listener is not None:
-            watched[self.listener] = ("notify", None)
-        for pool in self.pools:
-            for c in pool.children:
-                watched[c.conn] = ("message", (pool, c))
-                watched[c.sentinel] = ("exit", (pool, c))
-        exited: list[tuple[Pool, Child]] = []
+        watched = self._watch_list()
         for ready in wait(list(watched), timeout=timeout):
-            kind, where = watched[ready]
-            if kind == "exit":
-                exited.append(where)
-            elif kind == "wake":
+            owner = watched[ready]
+            if owner is None:
                 try:
                     os.read(self._wake_r, 1024)
                 except BlockingIOError:
                     pass
-            elif kind == "notify":
+            elif owner is self.listener:
                 self._on_notify()
-            elif kind == "message":
-                self._on_message(*where)
-        # Exits after messages: a child that sent its result and then died is handled
-        # as a finished row plus a dead child. (One retired meanwhile is already gone.)
-        for pool, c in exited:
-            if c in pool.children:
-                c.process.join(0)  # reap it, so that exitcode is set
-                self._on_child_exit(pool, c)
+            else:
+                self._on_events(owner, owner.on_ready(ready))
+
+    def _watch_list(self) -> dict[Any, Any]:
+        """Everything to wait on, rebuilt only when a pool's children or the listener
+        changed."""
+        handles = [p.handles() for p in self.pools]
+        key = (id(self.listener), *(p.version for p in self.pools))
+        if self._watched is None or self._watched[0] != key or (
+                self.listener is not None and self.listener not in self._watched[1]):
+            watched: dict[Any, Any] = {self._wake_r: None}
+            if self.listener is not None:
+                watched[self.listener] = self.listener
+            for pool, mapping in zip(self.pools, handles, strict=True):
+                watched.update(dict.fromkeys(mapping, pool))
+            self._watched = (key, watched)
+        return self._watched[1]
+
+    # -- what the pools report -------------------------------------------------------------
+    def _on_events(self, pool: Pool, events: list[Event]) -> None:
+        name = pool.worker.name
+        for event in events:
+            if isinstance(event, Reported):
+                for claim, kind, detail, timing in event.results:
+                    self._on_result(pool.worker, claim, kind, detail)
+                    if timing is not None and self.metrics is not None:
+                        pickup = (timing[1] - claim.ready_at if claim is not None
+                                  and claim.ready_at is not None else None)
+                        self.metrics.observe(name, timing[0], pickup)
+                # A finished handler may have made rows claimable (here or for another
+                # worker, a dependent one): claim again.
+                for backoff in self._backoff.values():
+                    backoff.wake()
+            elif isinstance(event, Died):
+                self._count(name, "crashed")
+                if event.running is not None:
+                    self._interrupted(pool.worker, event.running, (
+                        "ChildDied", f"The child process died ({event.exit}) while running "
+                                     "the handler."))
+                for claim in event.others:
+                    self._give_back(claim, name)
+                self._backoff[name].wake()
+            elif isinstance(event, TimedOut):
+                claim = event.claim
+                decision = pool.worker.retry_policy.after_failure(claim.attempt, timezone.now())
+                self._count(name, "retried" if decision.retried else "failed")
+                self.releases.add(claim, decision, (
+                    "TimeoutError",
+                    f"The handler ran longer than its timeout of {pool.worker.timeout}s."))
+                for claim in event.others:
+                    self._give_back(claim, name)
+                self._backoff[name].wake()
+
+    def _on_result(self, worker: Worker, claim: protocol.Claim | None, kind: str,
+                   detail: Any) -> None:
+        if claim is None:
+            return  # given back already (a revoked row that the child skipped)
+        if kind == protocol.DONE:
+            self._count(worker.name, detail)
+        elif kind == protocol.SKIPPED:
+            self._give_back(claim, worker.name)
+        elif kind == protocol.LOST:
+            self._count(worker.name, "lost")
+            logger.warning("Worker %s lost its claim on execution %s: its writes were "
+                           "discarded", worker.name, claim.execution_id)
+        elif kind == protocol.INTERRUPTED:
+            self._count(worker.name, "interrupted")
+            logger.warning("Worker %s: database error during execution %s (%s); "
+                           "releasing it", worker.name, claim.execution_id, detail)
+            self._interrupted(worker, claim, ("Interrupted", f"The database failed while "
+                                                             f"the handler ran: {detail}"))
+
+    def _give_back(self, claim: protocol.Claim, worker: str) -> None:
+        """A row whose handler never started (or never reached a commit): as it was."""
+        self._count(worker, "released")
+        self.releases.add(claim)
+
+    def _interrupted(self, worker: Worker, claim: protocol.Claim,
+                     error: tuple[str, str]) -> None:
+        """An attempt cut short from outside: it counts, and the retry policy decides."""
+        self._count(worker.name, "released")
+        self.releases.add(claim, worker.retry_policy.after_interruption(
+            claim.attempt, timezone.now()), error)
+
+    def _count(self, worker: str, event: str, n: int = 1) -> None:
+        self.stats[event] += n
+        if self.metrics is not None:
+            self.metrics.count(worker, event, n)
+
+    def _wake(self, worker: str) -> None:
+        self._backoff[worker].wake()
 
     def _on_notify(self) -> None:
         assert self.listener is not None
@@ -432,256 +557,54 @@ class Coordinator:
             logger.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self.listener.close()
             self.listener = None
-            self._quietly(self._relisten)
-            return
+            return  # the next renewal listens again
         for name in names:
             if name in self._backoff:
                 self._backoff[name].wake()
+        if PAUSE_NOTICE in names:
+            self.health.call(self._refresh_pauses)
 
-    def _relisten(self) -> None:
+    def _probe_changes(self, now: float) -> None:
+        """No notifications: has anything been inserted since the last look? One cheap
+        query (SQLite: PRAGMA data_version; else MAX(id) of Execution), so that the first
+        row after a long idle is picked up as fast as the next one."""
         assert self.bridge is not None
-        self.listener = listener_for(self.bridge)
+        self._next_probe = now + self.settings.probe_seconds
+        token = self.health.call(self.bridge.change_token)
+        if token is not None and token != self._change_token:
+            if self._change_token is not None:
+                for backoff in self._backoff.values():
+                    backoff.wake()
+            self._change_token = token
 
-    def _on_message(self, pool: Pool, c: Child) -> None:
+    def _refresh_pauses(self) -> None:
         assert self.bridge is not None
-        try:
-            _, results, seconds = c.conn.recv()
-        except (EOFError, OSError):
-            return  # the exit is handled with the sentinel
-        ran = 0
-        for kind, execution_id, detail in results:
-            claim = c.settle(execution_id)
-            if kind == messages.SKIPPED:
-                if claim is not None:  # (a revoked row was released already)
-                    c.sent -= 1
-                    self.stats["released"] += 1
-                    self._release(claim, started=False)
-                continue
-            ran += 1
-            if kind == messages.DONE:
-                self.stats[detail] += 1
-            elif kind == messages.LOST:
-                self.stats["lost"] += 1
-                logger.warning("Worker %s lost its claim on execution %s: its writes were "
-                               "discarded", pool.worker.name, execution_id)
-            elif kind == messages.INTERRUPTED:
-                self.stats["interrupted"] += 1
-                logger.warning("Worker %s: database error during execution %s (%s); "
-                               "releasing it", pool.worker.name, execution_id, detail)
-                if claim is not None:
-                    self._release(claim, started=True)
-        pool.timed(ran, seconds)
-        # A finished handler may have made rows eligible (here or for another worker).
-        for backoff in self._backoff.values():
-            backoff.wake()
-        if pool.retiring(c) and not self._stopping:
-            c.stop()
-            c.join(10)
-            pool.replace(c)
-            self._await_ready(pool)
+        paused = self.bridge.paused_workers() & set(self._backoff)
+        for name in sorted(paused - self._paused):
+            logger.warning("Worker %s is paused: no new claims (running handlers finish)", name)
+        for name in sorted(self._paused - paused):
+            logger.warning("Worker %s is resumed", name)
+            self._backoff[name].wake()
+        self._paused = paused
 
-    def _on_child_exit(self, pool: Pool, c: Child) -> None:
-        code = c.process.exitcode
-        running = c.running()
-        if running is not None:
-            self.stats["crashed"] += 1
-            logger.error("A child of worker %s died (exit code %s) while handling execution "
-                         "%s; releasing the row", pool.worker.name, code, running[0])
-        elif c.outstanding:
-            logger.error("A child of worker %s died (exit code %s) between handlers; "
-                         "releasing the %d row(s) it had not reported on (a row it had "
-                         "already committed stays as committed)",
-                         pool.worker.name, code, len(c.outstanding))
-        self._release_held(c, error=("ChildDied", f"The child process died with exit code "
-                                                  f"{code} while running the handler."))
-        if self._stopping and not pool.busy:
-            pool.children.remove(c)
-            c.kill()
-            return
-        pool.replace(c)
-        self._await_ready(pool)
-
-    def _release_held(self, c: Child, error: tuple[str, str] | None = None) -> None:
-        """Give back every row a dead (or killed) child held: the one its handler was
-        running keeps its attempt (and ``error``); the rest never ran to a commit, so
-        they return as they were."""
-        assert self.bridge is not None
-        running = c.running()
-        for execution_id, claim in list(c.outstanding.items()):
-            started = running is not None and running[0] == execution_id
-            self._release(claim, started=started, error=error if started else None)
-            self.stats["released"] += 1
-        c.outstanding.clear()
-
-    def _await_ready(self, pool: Pool) -> None:
-        """Block for the new child's handshake (spawning is rare: a crash or recycling)."""
-        for c in pool.children:
-            if not c.ready and c.process.is_alive():
-                if c.conn.poll(CHILD_START_SECONDS):
-                    try:
-                        kind, _ = c.conn.recv()
-                        c.ready = kind == messages.READY
-                    except EOFError:
-                        pass
-
-    def _revoke_waiting(self, now: float) -> None:
-        """Rows sent ahead to a child whose handler is stuck go back to the database,
-        claimable at once by anyone, instead of waiting behind it."""
-        assert self.bridge is not None
-        for pool in self.pools:
-            for c in pool.busy:
-                stuck = pool.stuck_since(c)
-                if stuck is None or now < stuck or len(c.outstanding) < 2:
-                    continue
-                waiting = c.revoke_waiting()
-                for claim in waiting:
-                    self._release(claim, started=False)
-                    self.stats["released"] += 1
-                if waiting:
-                    logger.info("Worker %s: a handler has run for over %.1fs; %d row(s) "
-                                "waiting behind it were given back", pool.worker.name,
-                                now - stuck + pool.stuck_after(), len(waiting))
-                    self._backoff[pool.worker.name].wake()
-
-    def _check_timeouts(self, now: float) -> None:
-        assert self.bridge is not None
-        for pool in self.pools:
-            limit = pool.worker.timeout
-            if limit is None:
-                continue
-            for c in pool.busy:
-                running = c.running()
-                if running is None or now - running[1] < limit:
-                    continue
-                claim = c.outstanding.get(running[0])
-                c.kill()
-                if claim is None or c.running() != running:
-                    continue  # it finished just now; its exit is handled as a crash
-                logger.error("Worker %s: execution %s ran past its %ss timeout; killing "
-                             "its child", pool.worker.name, claim.execution_id, limit)
-                c.settle(claim.execution_id)
-                status = self._quietly(
-                    self.bridge.fail, pool.worker, claim, "TimeoutError",
-                    f"The handler ran longer than its timeout of {limit}s.")
-                self.stats[status or "lost"] += 1
-                self._release_held(c)
-                pool.replace(c)
-                self._await_ready(pool)
-
+    # -- leases -------------------------------------------------------------------------
     def _renew(self) -> None:
         assert self.bridge is not None
         failpoints.reached("coordinator.before_renew")
         self.bridge.renew([*(claim for pool in self.pools for claim in pool.claims()),
-                           *(claim for claim, _, _ in self._unreleased)])
+                           *self.releases.claims()])
         failpoints.reached("coordinator.after_renew")
         if self.listener is None and self.bridge.vendor.notifies:
-            self._relisten()  # lost in an outage: back to wake-ups instead of polling
+            self._listen()  # back to wake-ups instead of polling
         if self._coordinator_id is None:
             self._register()
         else:
             self.bridge.heartbeat(self._coordinator_id)
 
-    def _recover_expired(self) -> None:
-        assert self.bridge is not None
-        dead = self.bridge.expire_claims_of_dead(socket.gethostname(), self._coordinator_id,
-                                                 pid_alive)
-        if dead:
-            logger.warning("Coordinator process(es) %s on this host are gone; their claims "
-                           "are released now, without waiting for their leases",
-                           ", ".join(map(str, dead)))
-        for w in self.workers:
-            recovered = self.bridge.recover_expired(w)
-            if recovered:
-                self.stats["recovered"] += recovered
-                logger.warning("Worker %s: %d claim(s) had expired leases; they are claimable "
-                               "again", w.name, recovered)
-                self._backoff[w.name].wake()
-
     def _abandon_all(self) -> None:
-        """Second signal: kill the children and release every claim for others at once."""
+        """Second signal: kill the children and give every row back for others at once.
+        Their transactions never committed; an interrupted attempt is not counted."""
         for pool in self.pools:
-            for c in pool.children:
-                c.kill()
-                self._release_held(c)
-            pool.children = []
+            for claim in pool.kill():
+                self._give_back(claim, pool.worker.name)
         logger.warning("Terminated running handlers; their rows are claimable again")
-
-    def _kill_children(self) -> None:
-        for pool in self.pools:
-            for c in pool.children:
-                c.kill()
-            pool.children = []
-
-    # -- releases ------------------------------------------------------------------------
-    def _release(self, claim: Claim, *, started: bool,
-                 error: tuple[str, str] | None = None) -> None:
-        """Give a held row back now, or as soon as the database takes it."""
-        self._unreleased.append((claim, started, error))
-        self._flush_releases()
-
-    def _flush_releases(self, patience: float = 0.0) -> None:
-        """Retry the releases the database refused, in order; with ``patience`` (seconds,
-        at shutdown) keep trying that long before leaving the rest to their leases."""
-        if not self._unreleased:
-            return
-        assert self.bridge is not None
-        deadline = time.monotonic() + patience
-        while self._unreleased:
-            claim, started, error = self._unreleased[0]
-            try:
-                self.bridge.release(claim, started=started, error=error)
-            except DATABASE_ERRORS as exc:
-                self._database_down(exc)
-                if time.monotonic() >= deadline:
-                    if patience:
-                        logger.warning("%d row(s) could not be released; they become "
-                                       "claimable when their leases end",
-                                       len(self._unreleased))
-                    return
-                time.sleep(min(self.settings.poll_seconds, 1.0))
-                continue
-            self._unreleased.popleft()
-
-    # -- database outages ---------------------------------------------------------------
-    def _database_down(self, exc: BaseException) -> None:
-        if self._lock_contention(exc):
-            # Not an outage: a handler's transaction holds the database's only write lock
-            # (SQLite, see docs/troubleshooting.md). Try again soon, quietly.
-            logger.debug("The database is busy (a running handler holds its write lock); "
-                         "retrying in %.2fs", self.settings.poll_seconds)
-            self._database_down_until = time.monotonic() + self.settings.poll_seconds
-            return
-        delay = self._database_delay
-        logger.warning("Database unavailable (%s); retrying in %.1fs",
-                       str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__, delay)
-        self._database_down_until = time.monotonic() + delay
-        self._database_delay = min(delay * 2, self.settings.max_poll_seconds)
-
-    def _lock_contention(self, exc: BaseException) -> bool:
-        return self.bridge is not None and self.bridge.vendor.is_lock_contention(exc)
-
-    def _quietly(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DATABASE_ERRORS as exc:
-            self._database_down(exc)
-            return None
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    def stats_line(self) -> str:
-        keys = ["claimed", "finished", "unfinished", "failed", "lost", "crashed", "released"]
-        return ", ".join(f"{k} {self.stats[k]}" for k in keys)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this machine (a zombie counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True

@@ -7,3 +7,15 @@ class LostClaim(Exception):
     Raised inside a child when it tries to commit an outcome; the transaction rolls back,
     so none of the handler's writes are saved.
     """
+
+
+class ChildDied(Exception):
+    """An attempt's child process died while running it (recorded by the coordinator)."""
+
+
+class LeaseExpired(Exception):
+    """An attempt's claim expired before it finished: its holder stopped renewing it."""
+
+
+class Interrupted(Exception):
+    """An attempt was cut short because the database failed while it ran."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 from django.db import models
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from .status import CLAIMABLE, ExecutionStatus
+from .status import CLAIMABLE, WAITING, ExecutionStatus
 
 
 class ExecutionQuerySet(models.QuerySet["Execution"]):
@@ -16,7 +18,8 @@ class ExecutionQuerySet(models.QuerySet["Execution"]):
         return self.filter(worker=name)
 
     def claimable(self) -> ExecutionQuerySet:
-        return self.filter(status__in=CLAIMABLE)
+        """Claimable now (pending or unfinished, and not waiting for a due time)."""
+        return self.filter(claimable_worker__isnull=False)
 
     def working(self) -> ExecutionQuerySet:
         return self.filter(status=ExecutionStatus.WORKING)
@@ -30,27 +33,21 @@ class ExecutionQuerySet(models.QuerySet["Execution"]):
     def reset_failed(self) -> int:
         """FAILED -> UNFINISHED (claimable again), error and claim cleared. Returns how
         many rows changed. The one code path for every reset: API, admin, mixin."""
-        return self.failed().update(
-            status=ExecutionStatus.UNFINISHED,
-            claim_token=None,
-            lease_expires_at=None,
-            next_attempt_at=None,
-            attempts=0,
-            error_type=None,
-            error_message=None,
-            error_traceback=None,
-            finished_at=None,
-            updated_at=timezone.now(),
-        )
+        return self.failed().update(**self._fresh_start())
 
     def run_again(self) -> int:
         """FINISHED -> UNFINISHED: claimable again when eligible, from a clean slate.
         Returns how many rows changed; other statuses are left alone."""
-        return self.finished().update(
-            status=ExecutionStatus.UNFINISHED, claim_token=None, lease_expires_at=None,
-            next_attempt_at=None, attempts=0, error_type=None, error_message=None,
-            error_traceback=None, finished_at=None, updated_at=timezone.now(),
-        )
+        return self.finished().update(**self._fresh_start())
+
+    @staticmethod
+    def _fresh_start() -> dict[str, Any]:
+        now = timezone.now()
+        return {"status": ExecutionStatus.UNFINISHED, "claim_token": None,
+                "lease_expires_at": None, "next_attempt_at": None, "attempts": 0,
+                "error_type": None, "error_message": None, "error_traceback": None,
+                "finished_at": None, "claimed_by": None, "rerun_requested": False,
+                "rerun_reason": None, "ready_at": now, "updated_at": now}
 
     def held_by(self, execution_id: int, token: str) -> ExecutionQuerySet:
         """The row, only while this claim still holds it: the guard of every outcome write."""
@@ -73,18 +70,35 @@ class Execution(models.Model):
         choices=[(s.value, s.name.title()) for s in ExecutionStatus],
         default=ExecutionStatus.PENDING,
     )
-    # The worker name while the row is claimable, NULL otherwise. Claims read an index on
-    # (claimable_worker, id) that holds only claimable rows, whatever the history size.
-    # A generated column because MySQL/MariaDB have no partial indexes.
+    # The worker name while the row is claimable now, NULL otherwise. Claims read an
+    # index on (claimable_worker, id) that holds only these rows, whatever the history
+    # size. A generated column because MySQL/MariaDB have no partial indexes.
     claimable_worker = models.GeneratedField(
         expression=Case(
-            When(status__in=[s.value for s in CLAIMABLE], then=F("worker")),
+            When(Q(status__in=[s.value for s in CLAIMABLE]) & Q(next_attempt_at__isnull=True),
+                 then=F("worker")),
             default=Value(None),
         ),
         output_field=models.CharField(max_length=100, null=True),
         db_persist=True,
         editable=False,
     )
+    # The worker name while the row waits for next_attempt_at (a retry's back-off, a
+    # task's run_after, a finished row's rerun_every), NULL otherwise. Its index on
+    # (waiting_worker, next_attempt_at) gives the next due time and the rows that are due,
+    # which the coordinator then makes claimable (see Bridge.promote_due).
+    waiting_worker = models.GeneratedField(
+        expression=Case(
+            When(Q(status__in=[s.value for s in WAITING]) & Q(next_attempt_at__isnull=False),
+                 then=F("worker")),
+            default=Value(None),
+        ),
+        output_field=models.CharField(max_length=100, null=True),
+        db_persist=True,
+        editable=False,
+    )
+    # Higher runs first: tasks' priority (-100..100); 0 for every row worker.
+    priority = models.SmallIntegerField(default=0)
     claim_token = models.CharField(max_length=32, null=True, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
@@ -95,6 +109,14 @@ class Execution(models.Model):
     error_message = models.TextField(null=True, blank=True)
     error_traceback = models.TextField(null=True, blank=True)
     claimed_by = models.CharField(max_length=255, null=True, blank=True)  # "host:pid"
+    # rerun_on: a listed column changed while a handler ran; the row runs again after
+    # that run commits. rerun_reason says why a finished row came back ("changed: file",
+    # "stale" for rerun_every).
+    rerun_requested = models.BooleanField(default=False)
+    rerun_reason = models.CharField(max_length=255, null=True, blank=True)
+    # When the row last became claimable (inserted, due, continued, reset): pickup
+    # latency is measured from here.
+    ready_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -112,6 +134,8 @@ class Execution(models.Model):
             # Finding WORKING rows whose lease expired; also the admin's status filter.
             models.Index(fields=["status", "lease_expires_at"], name="dbworker_status_lease"),
             models.Index(fields=["worker", "status"], name="dbworker_worker_status"),
+            # Recent failures and the dashboard's last hour: a range of the ends, by status.
+            models.Index(fields=["status", "finished_at"], name="dbworker_status_finished"),
         ]
         verbose_name = "execution"
         ordering = ["-id"]
@@ -120,8 +144,12 @@ class Execution(models.Model):
         return f"{self.worker} #{self.source_id}: {self.status}"
 
     @property
-    def execution_status(self) -> ExecutionStatus:
-        return ExecutionStatus(self.status)
+    def execution_status(self) -> ExecutionStatus | None:
+        """The status, or None when the stored value is no status this version knows."""
+        try:
+            return ExecutionStatus(self.status)
+        except ValueError:
+            return None
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -139,6 +167,9 @@ class CoordinatorHeartbeat(models.Model):
 
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
+    # Boot id and PID namespace of its machine: a pid means something only there, so
+    # only a coordinator with the same namespace may judge it dead by its pid.
+    namespace = models.CharField(max_length=255, default="", blank=True)
     workers = models.TextField(help_text="Comma-separated worker names it hosts.")
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)
@@ -151,3 +182,104 @@ class CoordinatorHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid}"
+
+
+class InstalledTrigger(models.Model):
+    """A trigger this app created (migrate). The app drops only triggers listed here, so
+    a trigger of yours is never touched, whatever its name."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    table = models.CharField(max_length=255)
+    worker = models.CharField(max_length=100)
+    installed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "installed trigger"
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.table}"
+
+
+class JSONText(models.TextField):
+    """JSON kept as text. A JSONField would have Django's system checks connect to the
+    database (to ask whether it supports JSON) before runworkers could wait for it; the
+    values here are only ever read whole."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+    def to_python(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def get_prep_value(self, value: Any) -> Any:
+        return None if value is None else json.dumps(value)
+
+
+class Task(models.Model):
+    """A task enqueued through ``django_dbworker.tasks.DatabaseBackend``: a source row
+    like any other. Its Execution (worker ``tasks.<backend>.<queue>``) holds its state;
+    this row holds what only tasks have."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    backend = models.CharField(max_length=32)  # the TASKS alias
+    queue_name = models.CharField(max_length=32)
+    task_path = models.CharField(max_length=255)
+    priority = models.SmallIntegerField(default=0)
+    run_after = models.DateTimeField(null=True, blank=True)
+    args = JSONText(default=list, blank=True)
+    kwargs = JSONText(default=dict, blank=True)
+    enqueued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    return_value = JSONText(null=True, blank=True)
+    # One entry per attempt that ended with an error of its own (class path, traceback,
+    # attempt number); worker_ids, the coordinator of each attempt.
+    errors = JSONText(default=list, blank=True)
+    worker_ids = JSONText(default=list, blank=True)
+
+    class Meta:
+        verbose_name = "task"
+        indexes = [models.Index(fields=["finished_at"], name="dbworker_task_finished")]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} ({self.pk})"
+
+    @property
+    def worker_name(self) -> str:
+        return f"tasks.{self.backend}.{self.queue_name}"
+
+
+class ScheduleSlot(models.Model):
+    """One slot of one schedule, enqueued (or, for a schedule's first sight, the point its
+    history starts). Unique on (schedule, slot): whoever inserts it first enqueues it, in
+    the same transaction; every other coordinator's insert fails and enqueues nothing."""
+
+    schedule = models.CharField(max_length=200)
+    slot = models.DateTimeField()
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.SET_NULL,
+                             db_constraint=False, related_name="+")
+    enqueued_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["schedule", "slot"], name="dbworker_schedule_slot")]
+        verbose_name = "schedule slot"
+        ordering = ["-slot"]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} @ {self.slot.isoformat()}"
+
+
+class WorkerPause(models.Model):
+    """A paused worker: coordinators claim none of its rows until the row is deleted."""
+
+    worker = models.CharField(max_length=100, primary_key=True)
+    paused_at = models.DateTimeField(default=timezone.now)
+    paused_by = models.CharField(max_length=255, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = "paused worker"
+
+    def __str__(self) -> str:
+        return f"{self.worker} (paused)"

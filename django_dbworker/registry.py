@@ -5,26 +5,44 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .vendors import TriggerSource
+
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 # Trigger and function names embed the worker name; 63 is PostgreSQL's identifier limit.
 MAX_NAME_LENGTH = 40
-OPTIONS = {
+SOURCE_KEY_LENGTH = 255  # Execution.source_id holds the key as text, up to this long
+
+
+def _number(v: Any, *, minimum: float, strict: bool) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool)
+            and (v > minimum if strict else v >= minimum))
+
+
+def _whole(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+
+
+OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     # name: (check, what a valid value is)
-    "max_attempts": (lambda v: v is None or (isinstance(v, int) and v >= 1), "an int >= 1"),
-    "retry_backoff": (
-        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0,
-        "a number of seconds >= 0",
-    ),
-    "timeout": (
-        lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v > 0),
-        "a number of seconds > 0",
-    ),
-    "max_tasks_per_child": (lambda v: v is None or (isinstance(v, int) and v >= 1), "an int >= 1"),
+    "max_attempts": (_whole, "an int >= 1 (or None)"),
+    "retry_backoff": (lambda v: _number(v, minimum=0, strict=False), "a number of seconds >= 0"),
+    "timeout": (lambda v: v is None or _number(v, minimum=0, strict=True),
+                "a number of seconds > 0 (or None)"),
+    "max_tasks_per_child": (_whole, "an int >= 1 (or None)"),
+    "rerun_on": (lambda v: isinstance(v, list | tuple) and bool(v)
+                 and all(isinstance(f, str) for f in v),
+                 "a tuple of field names, e.g. ('file', 'language')"),
+    "rerun_every": (lambda v: v is None or (isinstance(v, timedelta) and v.total_seconds() > 0),
+                    "a positive datetime.timedelta, e.g. timedelta(days=1)"),
 }
 
 
@@ -44,7 +62,33 @@ class Worker:
     retry_backoff: float = 10.0  # seconds before the first retry; doubles per attempt
     timeout: float | None = None
     max_tasks_per_child: int | None = None
+    rerun_on: tuple[str, ...] = ()  # field names: a change makes a done row pending again
+    rerun_every: timedelta | None = None  # a finished row runs again this long after
     options: dict[str, Any] = field(default_factory=dict)
+    # Claims order by priority first (task queues); row workers claim in creation order.
+    prioritized = False
+
+    def __post_init__(self) -> None:
+        self.rerun_on = tuple(self.rerun_on)
+
+    def on_failure(self, alias: str, source_id: str, exc: BaseException, final: bool) -> None:
+        """Called in the child, inside the transaction that records a failed attempt
+        (task queues keep the error on their own row); ``final``: no retry follows."""
+
+    def trigger_source(self) -> TriggerSource:
+        """What migrate's triggers need to know about this worker's source table."""
+        from .vendors import TriggerSource
+
+        meta = self.source._meta
+        return TriggerSource(
+            base=self.name, table=self.table, pk_column=self.pk_column, pk_field=self.pk_field,
+            worker=lambda row: f"'{self.name}'",
+            rerun_on=tuple(str(meta.get_field(f).column)  # type: ignore[union-attr]
+                           for f in self.rerun_on))
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_attempts, self.retry_backoff)
 
     @property
     def handler_path(self) -> str:
@@ -177,10 +221,15 @@ def validate(
             f"Worker {name!r}: eligible must be a callable returning a QuerySet "
             f"(e.g. lambda: {source.__name__}.objects.filter(...)), got {type(eligible).__name__}."
         )
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+    from .options import MAX_CONCURRENCY
+
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not (
+            1 <= concurrency <= MAX_CONCURRENCY):
         raise ImproperlyConfigured(
-            f"Worker {name!r}: concurrency must be an int >= 1, got {concurrency!r}."
+            f"Worker {name!r}: concurrency must be an int >= 1 (at most {MAX_CONCURRENCY}), "
+            f"got {concurrency!r}."
         )
+    _check_key(name, source)
     for key, val in options.items():
         if key not in OPTIONS:
             raise ImproperlyConfigured(
@@ -192,6 +241,42 @@ def validate(
             raise ImproperlyConfigured(
                 f"Worker {name!r}: {key} must be {wanted}, got {val!r}."
             )
+    for field_name in options.get("rerun_on") or ():
+        _check_rerun_field(name, source, field_name)
+
+
+def _check_key(name: str, source: type[models.Model]) -> None:
+    """The key must fit Execution.source_id as text: else the trigger would fail the
+    user's own INSERT. Refused here, the same on every database."""
+    from .vendors.base import TEXT_KEY_TYPES
+
+    pk = source._meta.pk
+    if pk is None or pk.get_internal_type() not in TEXT_KEY_TYPES:
+        return
+    length = getattr(pk, "max_length", None)
+    if length is None or length > SOURCE_KEY_LENGTH:
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: the primary key of {source.__name__} ({pk.name}, "
+            f"max_length={length}) can be longer than the {SOURCE_KEY_LENGTH} characters an "
+            f"execution stores. Give it max_length <= {SOURCE_KEY_LENGTH}, or use an "
+            "integer or UUID key.")
+
+
+def _check_rerun_field(name: str, source: type[models.Model], field_name: str) -> None:
+    from django.core.exceptions import FieldDoesNotExist
+
+    try:
+        f = source._meta.get_field(field_name)
+    except FieldDoesNotExist:
+        fields = ", ".join(f.name for f in source._meta.concrete_fields)
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: rerun_on names {field_name!r}, which {source.__name__} does not "
+            f"have. Its fields: {fields}.") from None
+    if not getattr(f, "concrete", False) or getattr(f, "column", None) is None or getattr(
+            f, "primary_key", False):
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: rerun_on field {field_name!r} must be a concrete column of "
+            f"{source.__name__} other than its primary key.")
 
 
 def worker(

@@ -16,3 +16,6 @@ class ExecutionStatus(StrEnum):
 
 
 CLAIMABLE = (ExecutionStatus.PENDING, ExecutionStatus.UNFINISHED)
+# Statuses in which a row may wait for next_attempt_at: a retry, a deferred task, or a
+# finished row that runs again after rerun_every.
+WAITING = (ExecutionStatus.PENDING, ExecutionStatus.UNFINISHED, ExecutionStatus.FINISHED)

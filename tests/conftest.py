@@ -20,3 +20,14 @@ def _no_leftover_workers():
     from tests.helpers import kill_started
 
     kill_started()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_leftover_marker_files(django_db_setup):
+    """Handlers' marker files live in one folder per test database: gone with the run."""
+    yield
+    import shutil
+
+    from tests.testapp.workers import markers
+
+    shutil.rmtree(markers(), ignore_errors=True)

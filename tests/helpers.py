@@ -13,6 +13,7 @@ from pathlib import Path
 from django.conf import settings
 
 from django_dbworker import Coordinator
+from django_dbworker.models import Execution
 from tests.testapp.models import Effect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +55,24 @@ def runworkers(*args: str, env: dict[str, str] | None = None, **popen) -> subpro
     return proc
 
 
+def settings_module(tmp_path: Path, body: str) -> dict[str, str]:
+    """An environment whose settings module is the test settings plus ``body``."""
+    import textwrap
+
+    name = f"dbworker_settings_{len(list(tmp_path.glob('dbworker_settings_*.py')))}"
+    (tmp_path / f"{name}.py").write_text("from tests.settings import *  # noqa: F403\n"
+                                         + textwrap.dedent(body))
+    return {"DJANGO_SETTINGS_MODULE": name, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+
+
+def run_with_settings(tmp_path: Path, body: str, *args: str, timeout: float = 120,
+                      drain: bool = True) -> tuple[int, str, str]:
+    """`runworkers [--drain] ARGS` under the test settings changed by ``body``."""
+    proc = runworkers(*(["--drain"] if drain else []), *args, env=settings_module(tmp_path, body))
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
 def kill_started() -> None:
     import signal
 
@@ -85,3 +104,150 @@ def running_marker(worker: str, key) -> Path:
     path = pid_file(worker, key)
     path.unlink(missing_ok=True)
     return path
+
+
+class busy_machine:
+    """Keep every core busy (a spinning process per core) while the block runs: races
+    hide on an idle machine."""
+
+    def __init__(self, processes: int | None = None) -> None:
+        self.processes = processes or os.cpu_count() or 2
+        self.spinners: list[subprocess.Popen] = []
+
+    def __enter__(self) -> busy_machine:
+        self.spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                         for _ in range(self.processes)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.spinners:
+            p.kill()
+            p.wait(timeout=30)
+
+
+def execution(worker: str, obj) -> Execution:
+    """This row's Execution for ``worker`` (``obj``: an instance or a primary key)."""
+    from django_dbworker.api import source_key
+    from django_dbworker.registry import registry
+
+    return Execution.objects.get(worker=worker, source_id=source_key(registry[worker], obj))
+
+
+def claim(worker: str, limit: int = 1, claimer: str = "test:1", **bridge_options) -> list:
+    """Claim rows through a Bridge of its own, as another coordinator would."""
+    from django_dbworker.bridge import Bridge
+    from django_dbworker.registry import registry
+
+    bridge = Bridge(**bridge_options)
+    try:
+        return bridge.claim(registry[worker], limit, claimer)
+    finally:
+        bridge.close()
+
+
+def insert_raw(model, **values) -> None:
+    """INSERT a row with raw SQL (not the ORM): another program writing the table."""
+    from django.db import connection
+
+    table = connection.ops.quote_name(model._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(model._meta.get_field(k).column) for k in values)
+    marks = ", ".join(["%s"] * len(values))
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", list(values.values()))
+
+
+def mark_failed(executions, message: str = "cannot handle it") -> None:
+    """Make these executions FAILED as a handler's failure leaves them."""
+    from django.utils import timezone
+
+    executions.update(
+        status="failed", attempts=1, error_type="ValueError",
+        error_message=f"{message}\nsecond line",
+        error_traceback=f'Traceback (most recent call last):\n  File "w.py", line 3\nValueError: {message}',
+        finished_at=timezone.now(), claimed_by="host:1", claim_token=None, lease_expires_at=None)
+
+
+def session_processes(session: int) -> list[int]:
+    """Live (not zombie) processes of a session: a runworkers process started by
+    ``runworkers`` leads its own, which its children (orphaned or not) stay in."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if fields[0] != "Z" and int(fields[3]) == session:
+            pids.append(int(entry))
+    return pids
+
+
+class held_handler:
+    """A gate a test handler waits on: the test handlers (testapp.workers) write their
+    marker file (``pid_file``) when they start. Made a FIFO whose pipe is full, that write
+    blocks inside the handler until the test calls ``release()``; ``wait()`` returns once
+    a process has the FIFO open, that is once the handler is running and held.
+
+    No fixed window: a signal sent between ``wait()`` and ``release()`` surely lands
+    while the handler runs (``sleep:0`` then finishes at once when released)."""
+
+    def __init__(self, worker: str, key) -> None:
+        self.path = running_marker(worker, key)
+        os.mkfifo(self.path)
+        # Our own read and write ends: the handler's open() does not wait for a reader,
+        # and its write finds the pipe full.
+        self._read = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._write = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(self._write, b"x" * 4096)
+        except BlockingIOError:
+            pass
+        try:
+            while True:
+                os.write(self._write, b"x")
+        except BlockingIOError:
+            pass
+
+    def openers(self) -> list[int]:
+        """Processes other than this one with the FIFO open (the held handler)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                fds = os.listdir(f"/proc/{entry}/fd")
+                if any(os.readlink(f"/proc/{entry}/fd/{fd}") == str(self.path) for fd in fds):
+                    found.append(int(entry))
+            except OSError:
+                continue  # exited meanwhile, or not ours to read
+        return found
+
+    def wait(self, timeout: float = 60) -> int:
+        """Until the handler is running, held at its marker; returns its pid."""
+        return wait_for(self.openers, timeout=timeout)[0]
+
+    def release(self) -> None:
+        """Let the handler go on: empty the pipe until it has closed its end."""
+        if self._read is None:
+            return
+        os.close(self._write)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if os.read(self._read, 65536) == b"" and not self.openers():
+                    break  # every writer closed: the handler wrote its pid and went on
+            except BlockingIOError:
+                if not self.openers():
+                    break
+                time.sleep(0.01)
+        os.close(self._read)
+        self._read = None
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> held_handler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

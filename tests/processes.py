@@ -104,3 +104,30 @@ def postgresql_restart_command(server_url: str) -> list[str]:
 def run_command(command: list[str], timeout: float = 180) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{' '.join(command)} failed: {result.stdout}{result.stderr}"
+
+
+def _local_or_skip(server_url: str, what: str, tool: str | None) -> None:
+    host = urlsplit(server_url).hostname
+    problem = None
+    if host not in ("127.0.0.1", "localhost", "::1", None, ""):
+        problem = f"{what} at {host} is not local: this test stops and starts the local server"
+    elif tool is None:
+        problem = f"{what}'s control tools are missing: this test stops and starts the local server"
+    if problem:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+
+
+def server_stop_start(vendor: str, server_url: str) -> tuple[list[str], list[str]]:
+    """Commands that stop and start the local database server of ``vendor`` (its open
+    connections are cut). Skips (fails with CI=true) where that cannot be done."""
+    if vendor == "postgresql":
+        restart = postgresql_restart_command(server_url)
+        return [*restart[:-1], "stop"], [*restart[:-1], "start"]
+    admin = shutil.which("mariadb-admin") or shutil.which("mysqladmin")
+    server = "/usr/sbin/mariadbd" if Path("/usr/sbin/mariadbd").exists() else shutil.which("mysqld")
+    _local_or_skip(server_url, "MariaDB/MySQL", admin and server)
+    port = str(urlsplit(server_url).port or 3306)
+    return ([str(admin), "-uroot", "-h127.0.0.1", f"-P{port}", "shutdown"],
+            ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", str(server)])

@@ -86,4 +86,23 @@ ROOT_URLCONF = "tests.urls"
 STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Short leases and polls keep the tests that wait for a lease to expire quick.
-DBWORKER = {"LEASE_SECONDS": 3, "POLL_SECONDS": 0.05, "MAX_POLL_SECONDS": 0.5}
+DBWORKER: dict[str, object] = {"LEASE_SECONDS": 3, "POLL_SECONDS": 0.05, "MAX_POLL_SECONDS": 0.5}
+# The crash tests arm a failpoint in one runworkers process through its environment; the
+# package itself reads only the setting (see django_dbworker/failpoints.py).
+if os.environ.get("DBWORKER_FAILPOINT"):
+    DBWORKER["FAILPOINT"] = os.environ["DBWORKER_FAILPOINT"]
+# django.tasks on this app's claims: two backends (aliases), queues with their own options.
+TASKS = {
+    "default": {
+        "BACKEND": "django_dbworker.tasks.DatabaseBackend",
+        "QUEUES": ["default", "emails", "retries"],
+        "OPTIONS": {
+            "CONCURRENCY": 2,
+            "QUEUE_OPTIONS": {
+                "emails": {"CONCURRENCY": 1, "TIMEOUT": 3},
+                "retries": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 3, "RETRY_BACKOFF": 0.01},
+            },
+        },
+    },
+    "other": {"BACKEND": "django_dbworker.tasks.DatabaseBackend", "QUEUES": ["default"]},
+}

@@ -87,7 +87,7 @@ def test_claims_take_only_claimable_rows_and_mark_them_working():
         assert {r.claimed_by for r in rows} == {"test:1"}
         # Releasing an unstarted claim restores the row as it was.
         for c in claims:
-            assert bridge.release(c, started=False)
+            assert bridge.release(c)
         assert {(r.status, r.attempts, r.claim_token) for r in rows.all()} == {("pending", 0, None)}
     finally:
         bridge.close()
@@ -136,7 +136,7 @@ def test_expired_leases_are_recovered_and_renewed_leases_are_not():
         assert Execution.objects.get(pk=held.execution_id).status == "working"
         # The old holder can neither renew nor release the recovered row.
         assert bridge.renew([lapsed]) == 0
-        assert bridge.release(lapsed, started=True) is False
+        assert bridge.release(lapsed) is False
     finally:
         bridge.close()
 

@@ -1,5 +1,5 @@
 """Faults runworkers must survive (issue 4): a handler past its timeout, recycled children,
-PostgreSQL restarted mid-run, and bad input, which must get a clear error and change nothing.
+and bad input, which must get a clear error and change nothing.
 
 Bad input already covered elsewhere (not repeated here):
 - unknown worker in has_execution_status() and state(): test_api.test_unknown_statuses_and_workers_fail_clearly,
@@ -18,17 +18,14 @@ Bad input already covered elsewhere (not repeated here):
 
 import dataclasses
 import os
-import subprocess
 import sys
-import textwrap
 from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connection, connections, models
+from django.db import connection, models
 from django.test import override_settings
 from django.test.utils import isolate_apps
 from django.utils import timezone
@@ -43,15 +40,12 @@ from django_dbworker import (
     worker,
 )
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from tests.helpers import ROOT, STARTED, drain, effects, runworkers, subprocess_env, wait_for
+from tests.helpers import drain, effects, run_with_settings, runworkers, wait_for
 from tests.processes import (
-    Output,
     is_running,
-    postgresql_restart_command,
-    run_command,
     worker_children,
 )
-from tests.testapp.models import Document, Effect, FaultJob, StressJob, Tag
+from tests.testapp.models import Document, Effect, FaultJob, Tag
 from tests.testapp.workers import pid_file
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,62 +136,6 @@ def test_max_tasks_per_child_recycles_children_and_runs_every_row_once():
     assert order[0::2] == order[1::2]
     assert set(Execution.objects.filter(worker="recycled").values_list("status", "attempts")) == {
         ("finished", 1)}
-
-
-# -- a database outage: PostgreSQL restarted mid-run ------------------------------------
-
-def _finished(worker_name):
-    try:
-        return Execution.objects.filter(worker=worker_name, status="finished").count()
-    except DatabaseError:
-        connections.close_all()  # broken by the restart; Django reconnects on next use
-        return -1
-
-
-def _database_accepts_connections():
-    try:
-        connections.close_all()
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        return True
-    except DatabaseError:
-        return False
-
-
-def postgresql_restart_mid_run_loses_nothing_and_runs_nothing_twice():
-    restart = postgresql_restart_command(settings.POSTGRES_URL)  # skip / fail before any work
-    rows = 200
-    StressJob.objects.bulk_create([StressJob(delay=0.05) for _ in range(rows)])
-    ids = {str(pk) for pk in StressJob.objects.values_list("pk", flat=True)}
-    proc = runworkers("--worker", "stress")
-    output = Output(proc)
-    wait_for(lambda: _finished("stress") >= 20, timeout=120)
-    run_command(restart)
-    connections.close_all()  # this process's connections died with the server
-    wait_for(_database_accepts_connections, timeout=120, interval=0.5)
-    assert proc.poll() is None, f"runworkers died when PostgreSQL restarted:\n{output.err}"
-    done_before = _finished("stress")
-    assert done_before < rows, "the run ended before the restart: nothing was tested"
-    wait_for(lambda: _finished("stress") == rows or proc.poll() is not None, timeout=240, interval=0.5)
-    assert proc.poll() is None, f"runworkers died after PostgreSQL restarted:\n{output.err}"
-    proc.terminate()
-    assert output.wait(timeout=60) == 0, output.err
-    # The coordinator saw the outage (and carried on).
-    assert "Database unavailable" in output.err or "database error" in output.err, output.err
-    statuses = Counter(Execution.objects.filter(worker="stress").values_list("status", flat=True))
-    assert statuses == {"finished": rows}
-    assert effects("stress") == {i: 1 for i in ids}
-    rerun = Execution.objects.filter(worker="stress", attempts__gt=1).count()
-    warnings = [line for line in output.err.splitlines() if "WARNING" in line or "ERROR" in line]
-    print(f"\n{done_before} of {rows} rows finished when PostgreSQL was back; {rerun} rows ran again; "
-          f"{len(warnings)} warnings:\n" + "\n".join(warnings[:10]))
-
-
-# Collected only in the PostgreSQL run of the matrix (it restarts the server), so the other
-# runs report no skip for it.
-if os.environ.get("DBWORKER_TEST_DB") == "postgres":
-    test_postgresql_restart_mid_run_loses_nothing_and_runs_nothing_twice = (
-        postgresql_restart_mid_run_loses_nothing_and_runs_nothing_twice)
 
 
 # -- bad input: a clear error naming the fix, and nothing changed -----------------------
@@ -295,19 +233,6 @@ def test_a_concurrency_below_one_on_the_command_line_says_what_is_expected(value
 
 # Running runworkers under another settings module: bad DBWORKER settings, a database it
 # does not support. The module imports the test settings and changes one thing.
-
-def run_with_settings(tmp_path, body, *args):
-    name = f"dbworker_bad_settings_{len(list(tmp_path.iterdir()))}"
-    (tmp_path / f"{name}.py").write_text("from tests.settings import *  # noqa: F403\n"
-                                         + textwrap.dedent(body))
-    env = subprocess_env(DJANGO_SETTINGS_MODULE=name, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
-    proc = subprocess.Popen([sys.executable, "-m", "django", "runworkers", "--drain", *args],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    STARTED.append(proc)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
-
 
 @pytest.mark.parametrize("value,check_id,names", [
     ('"nope"', "E001", "DBWORKER must be a dict"),

@@ -4,12 +4,18 @@ import uuid
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.db import connection
 
 from django_dbworker import Coordinator, ExecutionStatus, execution_status
-from django_dbworker.installation import install, installed_triggers, missing_triggers
+from django_dbworker.installation import (
+    existing_triggers,
+    install,
+    installed_triggers,
+    missing_triggers,
+)
 from django_dbworker.models import Execution
-from django_dbworker.registry import registry
+from django_dbworker.registry import Worker, registry
 from django_dbworker.vendors import for_connection
 from tests.testapp.models import Document, Tag, UuidItem
 
@@ -68,10 +74,9 @@ def test_install_backfills_rows_that_existed_before_and_cleans_up_removed_ones()
     vendor = for_connection(connection)
     docs = registry["docs"]
     with connection.cursor() as cursor:
-        for name in installed_triggers(vendor):
-            if name.startswith("dbworker_docs_"):
-                for sql in vendor.drop_trigger_sql(name, docs.table):
-                    cursor.execute(sql)
+        for name in vendor.trigger_names(docs.trigger_source()):
+            for sql in vendor.drop_trigger_sql(name, docs.table):
+                cursor.execute(sql)
     assert missing_triggers("default", [docs])
     before = Document.objects.create(title="before triggers")
     assert execution_status("docs", before) is None
@@ -86,14 +91,77 @@ def test_install_backfills_rows_that_existed_before_and_cleans_up_removed_ones()
 
 
 def test_triggers_of_workers_that_no_longer_exist_are_dropped():
-    vendor = for_connection(connection)
-    with connection.cursor() as cursor:
-        for sql in vendor.create_trigger_sql(_Ghost(), Execution._meta.db_table):
-            cursor.execute(sql)
-    assert any(n.startswith("dbworker_ghost_") for n in installed_triggers(vendor))
+    ghost = Worker(name="ghost", source=Tag, handler=_ghost_handler)
+    registry.register(ghost)
+    try:
+        install("default")
+        vendor = for_connection(connection)
+        assert set(vendor.trigger_names(ghost.trigger_source())) <= set(installed_triggers(vendor))
+    finally:
+        registry.unregister("ghost")
     install("default")
     assert not any(n.startswith("dbworker_ghost_") for n in installed_triggers(vendor))
+    assert not existing_triggers(vendor, vendor.trigger_names(ghost.trigger_source()))
     assert not missing_triggers("default", registry.values())
+
+
+# Triggers of the user's own, with names that look like ours: `_` in LIKE matches any
+# character, and SQLite's LIKE (and MySQL's information_schema) ignore case. One even has
+# exactly our form: what decides is that this app did not create it.
+FOREIGN = ["dbworkers_audit", "dbworkerXaudit", "DBWORKER_AUDIT", "dbworker_audit_ins"]
+
+
+def create_foreign_trigger(name):
+    table = connection.ops.quote_name(Tag._meta.db_table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f'CREATE FUNCTION "{name}"() RETURNS trigger LANGUAGE plpgsql '
+                           "AS $f$ BEGIN RETURN NULL; END $f$")
+            cursor.execute(f'CREATE TRIGGER "{name}" AFTER INSERT ON {table} '
+                           f'FOR EACH STATEMENT EXECUTE FUNCTION "{name}"()')
+        elif connection.vendor == "mysql":
+            cursor.execute(f"CREATE TRIGGER `{name}` AFTER INSERT ON {table} FOR EACH ROW "
+                           "SET @dbworker_test_audit = 1")
+        else:
+            cursor.execute(f'CREATE TRIGGER "{name}" AFTER INSERT ON {table} BEGIN SELECT 1; END')
+
+
+def foreign_objects():
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")
+            triggers = {r[0] for r in cursor.fetchall()}
+            cursor.execute("SELECT proname FROM pg_proc")
+            functions = {r[0] for r in cursor.fetchall()}
+            return {n for n in FOREIGN if n in triggers and n in functions}
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS "
+                           "WHERE TRIGGER_SCHEMA = DATABASE()")
+        else:
+            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        return {r[0] for r in cursor.fetchall()} & set(FOREIGN)
+
+
+def test_migrate_never_touches_triggers_it_did_not_create():
+    for name in FOREIGN:
+        create_foreign_trigger(name)
+    try:
+        assert foreign_objects() == set(FOREIGN)
+        call_command("migrate", verbosity=0)  # installs, and drops what it no longer needs
+        install("default")
+        assert foreign_objects() == set(FOREIGN)
+        # Ours are unaffected by the look-alikes: a tag still becomes work.
+        tag = Tag.objects.create(slug="still-work")
+        assert execution_status("tags", tag) == ExecutionStatus.PENDING
+    finally:
+        with connection.cursor() as cursor:
+            for name in FOREIGN:
+                q = connection.ops.quote_name(name)
+                if connection.vendor == "postgresql":
+                    cursor.execute(f"DROP TRIGGER IF EXISTS {q} ON {connection.ops.quote_name(Tag._meta.db_table)}")
+                    cursor.execute(f"DROP FUNCTION IF EXISTS {q}()")
+                else:
+                    cursor.execute(f"DROP TRIGGER IF EXISTS {q}")
 
 
 def test_coordinator_refuses_to_start_without_triggers():
@@ -108,10 +176,5 @@ def test_coordinator_refuses_to_start_without_triggers():
         install("default")
 
 
-class _Ghost:
-    """A worker that was registered once and has since been removed."""
-
-    name = "ghost"
-    table = Tag._meta.db_table
-    pk_field = Tag._meta.pk
-    pk_column = Tag._meta.pk.column
+def _ghost_handler(tag):  # a module-level handler for the ghost worker
+    return None

@@ -5,20 +5,26 @@ from django_dbworker.vendors import VENDORS
 INDEX = "dbworker_claimable"
 
 
+def _vendor(schema_editor):
+    cls = VENDORS.get(schema_editor.connection.vendor)
+    return None if cls is None else cls(schema_editor.connection)
+
+
 def create(apps, schema_editor):
-    vendor = VENDORS.get(schema_editor.connection.vendor)
+    vendor = _vendor(schema_editor)
     if vendor is None:
         return
-    table = apps.get_model("django_dbworker", "Execution")._meta.db_table
-    schema_editor.execute(vendor.claimable_index_sql(INDEX, schema_editor.quote_name(table)))
+    table = schema_editor.quote_name(apps.get_model("django_dbworker", "Execution")._meta.db_table)
+    schema_editor.execute(vendor.partial_index_sql(INDEX, table, "claimable_worker, id",
+                                                   "claimable_worker"))
 
 
 def drop(apps, schema_editor):
-    table = apps.get_model("django_dbworker", "Execution")._meta.db_table
-    if schema_editor.connection.vendor == "mysql":
-        schema_editor.execute(f"DROP INDEX {INDEX} ON {schema_editor.quote_name(table)}")
-    else:
-        schema_editor.execute(f"DROP INDEX IF EXISTS {INDEX}")
+    vendor = _vendor(schema_editor)
+    if vendor is None:
+        return
+    table = schema_editor.quote_name(apps.get_model("django_dbworker", "Execution")._meta.db_table)
+    schema_editor.execute(vendor.drop_index_sql(INDEX, table))
 
 
 class Migration(migrations.Migration):

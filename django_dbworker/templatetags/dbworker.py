@@ -28,21 +28,32 @@ def status_label(status: ExecutionStatus | None) -> str:
 
 
 def status_badge(status: ExecutionStatus | str | None) -> SafeString:
-    """The badge HTML: one stable class per status, so sites can restyle it."""
-    status = None if status is None else ExecutionStatus(status)
-    modifier = "none" if status is None else status.value
+    """The badge HTML: one stable class per status, so sites can restyle it. A value that
+    is no status (a row written by hand, a newer version's status) renders as "Unknown",
+    never as a server error."""
+    try:
+        known = None if status is None else ExecutionStatus(status)
+    except ValueError:
+        return format_html('<span class="dbworker-status dbworker-status--unknown" '
+                           'title="{}">Unknown ({})</span>', status, status)
+    modifier = "none" if known is None else known.value
     return format_html('<span class="dbworker-status dbworker-status--{}">{}</span>',
-                       modifier, status_label(status))
+                       modifier, status_label(known))
 
 
-def status_of(obj: Any, worker: str) -> ExecutionStatus | None:
+def status_of(obj: Any, worker: str) -> ExecutionStatus | str | None:
     """The annotated status when present (no query), else one query through the API."""
     value: Any = getattr(obj, f"{worker}_execution_status", _MISSING)
     if value is _MISSING:
         from ..api import execution_status  # models are ready by the time a tag renders
 
         return execution_status(worker, obj)
-    return None if value is None else ExecutionStatus(value)
+    if value is None:
+        return None
+    try:
+        return ExecutionStatus(value)
+    except ValueError:
+        return value  # not a status we know: the badge says "Unknown (value)"
 
 
 class StatusNode(template.Node):

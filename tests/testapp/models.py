@@ -48,3 +48,38 @@ class StressJob(models.Model):
     sleeps `delay` seconds inside its transaction, then records its business effect."""
 
     delay = models.FloatField(default=0.0)
+
+
+class Stepper(models.Model):
+    """Rows for the drain tests: the `multi` handler adds one to `counter` per run and
+    returns Unfinished() until it reaches `steps`."""
+
+    kind = models.CharField(max_length=20, default="multi")
+    counter = models.IntegerField(default=0)
+    steps = models.IntegerField(default=1)
+
+
+class Article(models.Model):
+    """Rows for tests/test_reruns.py: the `rerun_on_change` worker re-runs an article when
+    its title or language changes."""
+
+    title = models.CharField(max_length=100, default="")
+    language = models.CharField(max_length=10, null=True)
+    body = models.TextField(default="")
+    behaviour = models.CharField(max_length=30, default="ok")
+
+
+class Link(models.Model):
+    """Rows for tests/test_reruns.py: the `rerun_stale` worker checks a link again a
+    second after it last did."""
+
+    url = models.CharField(max_length=200)
+    checks = models.IntegerField(default=0)
+
+
+class SignalSeen(models.Model):
+    """A signal a receiver of tests/testapp/signals.py got: which, for what, in which process."""
+
+    kind = models.CharField(max_length=50)
+    key = models.CharField(max_length=100)
+    pid = models.IntegerField()

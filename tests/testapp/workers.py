@@ -4,6 +4,7 @@ import os
 import re
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.db import transaction
@@ -11,7 +12,7 @@ from django.db import transaction
 from django_dbworker import ExecutionStatus, Finished, Unfinished, has_execution_status, worker
 from django_dbworker.models import Execution
 
-from .models import Document, Effect, FaultJob, StressJob, Tag, UuidItem
+from .models import Article, Author, Document, Effect, FaultJob, Link, Stepper, StressJob, Tag, UuidItem
 
 
 def effect(name: str, key) -> None:
@@ -97,12 +98,21 @@ def retrying(tag: Tag):
 
 # -- tests/test_faults.py and tests/test_stress.py --------------------------------------
 
-def pid_file(worker_name: str, key) -> Path:
-    """Where a handler leaves its pid outside the database (it survives a rollback)."""
+MARKERS = Path(tempfile.gettempdir()) / "dbworker-test-markers"
+
+
+def markers() -> Path:
+    """This test database's folder of marker files (removed when the session ends)."""
     from django.db import connection
 
-    database = re.sub(r"\W+", "_", str(connection.settings_dict["NAME"]))
-    return Path(tempfile.gettempdir()) / f"dbworker-{database}-{worker_name}-{key}.pid"
+    return MARKERS / re.sub(r"\W+", "_", str(connection.settings_dict["NAME"]))
+
+
+def pid_file(worker_name: str, key) -> Path:
+    """Where a handler leaves its pid outside the database (it survives a rollback)."""
+    folder = markers()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{worker_name}-{key}.pid"
 
 
 @worker(name="timed", source=FaultJob, concurrency=2, timeout=3,
@@ -138,3 +148,68 @@ def stress(job: StressJob):
     if job.delay:
         time.sleep(job.delay)
     return Finished()
+
+
+@worker(name="multi", source=Stepper, concurrency=1,
+        eligible=lambda: Stepper.objects.filter(kind="multi").order_by("id"))
+def multi(item: Stepper):
+    item.counter += 1
+    item.save(update_fields=["counter"])
+    return Unfinished() if item.counter < item.steps else Finished()
+
+
+@worker(name="multi_default_order", source=Stepper, concurrency=2,
+        eligible=lambda: Stepper.objects.filter(kind="multi2"))
+def multi_default_order(item: Stepper):
+    item.counter += 1
+    item.save(update_fields=["counter"])
+    return Unfinished() if item.counter < item.steps else Finished()
+
+
+# -- tests/test_tasks.py: a row worker that enqueues a task ------------------------------
+@worker(name="enqueuer", source=Author, eligible=lambda: Author.objects.filter(name__startswith="enqueue"))
+def enqueuer(author: Author):
+    from .tasks import record
+
+    record.enqueue(f"from-author-{author.pk}")
+    effect("enqueuer", author.pk)
+    if author.name == "enqueue-and-fail":
+        raise RuntimeError("the handler fails after enqueueing")
+    return Finished()
+
+
+# -- tests/test_retry_paths.py: a killed child under max_attempts / retry_backoff -------
+@worker(name="crash_retry", source=FaultJob, max_attempts=2, retry_backoff=3600,
+        eligible=lambda: FaultJob.objects.filter(behaviour="crash_retry"))
+def crash_retry(job: FaultJob):
+    pid_file("crash_retry", job.pk).write_text(str(os.getpid()))
+    os._exit(9)  # the child dies mid-handler, every time
+
+
+# -- tests/test_reruns.py ------------------------------------------------------------------
+@worker(name="rerun_on_change", source=Article, rerun_on=("title", "language"))
+def rerun_on_change(article: Article):
+    effect("rerun_on_change", f"{article.pk}:{article.title}")
+    if article.behaviour.startswith("sleep:"):
+        pid_file("rerun_on_change", article.pk).write_text(str(os.getpid()))
+        time.sleep(float(article.behaviour.split(":")[1]))
+    if article.behaviour == "fail":
+        raise ValueError("cannot handle this article")
+    article.body = f"handled {article.title}"  # not a listed column: no re-run
+    article.save(update_fields=["body"])
+    return Finished()
+
+
+@worker(name="rerun_stale", source=Link, rerun_every=timedelta(seconds=1))
+def rerun_stale(link: Link):
+    link.checks += 1
+    link.save(update_fields=["checks"])
+    effect("rerun_stale", f"{link.pk}:{link.checks}")
+    return Finished()
+
+
+@worker(name="retry_later", source=Tag, max_attempts=2, retry_backoff=3600,
+        eligible=lambda: Tag.objects.filter(slug__startswith="later"))
+def retry_later(tag: Tag):
+    effect("retry_later", tag.pk)
+    raise RuntimeError("fails; retried an hour later")

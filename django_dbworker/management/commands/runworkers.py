@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbworker.coordinator import Coordinator
+from django_dbworker.options import WAIT_FOR_DATABASE_SECONDS
 from django_dbworker.registry import UnknownWorker
 from django_dbworker.vendors import UnsupportedDatabase
 
@@ -26,12 +27,31 @@ def concurrency_pair(text: str) -> tuple[str, int]:
     return name, int(number)
 
 
+def selected(workers: list[str] | None, queues: list[str] | None) -> list[str] | None:
+    """The worker names to run: --worker names plus the workers of --queue queues."""
+    if not queues:
+        return workers
+    from django_dbworker.tasks.queues import queue_workers
+
+    found = queue_workers(queues)
+    unknown = sorted(set(queues) - {w.queue for w in found})
+    if unknown:
+        known = sorted({w.queue for w in queue_workers()}) or ["none"]
+        raise ImproperlyConfigured(
+            f"No task queue named {', '.join(map(repr, unknown))}. Queues of "
+            f"django_dbworker.tasks.DatabaseBackend in TASKS: {', '.join(known)}.")
+    return [*(workers or []), *(w.name for w in found)]
+
+
 class Command(BaseCommand):
     help = "Claim and run background work for the registered workers until stopped."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--worker", action="append", dest="workers", metavar="NAME",
                             help="Run only this worker (repeatable). Default: all registered.")
+        parser.add_argument("--queue", action="append", dest="queues", metavar="NAME",
+                            help="Run this task queue (repeatable), next to the --worker ones; "
+                                 "with only --queue, run no row workers. Default: everything.")
         parser.add_argument("--concurrency", action="append", default=[], metavar="NAME=N",
                             type=concurrency_pair,
                             help="Override a worker's concurrency, e.g. --concurrency ocr=4.")
@@ -43,15 +63,51 @@ class Command(BaseCommand):
                                  "handlers before terminating them (default: wait).")
         parser.add_argument("--status-interval", type=float, default=60.0, metavar="SECONDS",
                             help="Log a status line this often (default 60).")
+        parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                            help="Serve Prometheus /metrics, /healthz and /readyz on this port.")
+        parser.add_argument("--no-schedules", action="store_false", dest="schedules",
+                            help="Enqueue no schedule's slots here (run schedules on other "
+                                 "machines only). Any number of coordinators may enqueue them: "
+                                 "each slot is enqueued once.")
+        parser.add_argument("--wait-for-database", type=float, default=WAIT_FOR_DATABASE_SECONDS,
+                            metavar="SECONDS",
+                            help="At start, wait this long for a database that does not "
+                                 f"answer yet (default {WAIT_FOR_DATABASE_SECONDS:.0f}; 0: "
+                                 "do not wait).")
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        # Django's system checks (run before handle) connect to the database: wait for it
+        # first, so a database that starts after the workers is waited for, in one line
+        # per attempt, instead of ending in a traceback.
+        from django.db import connections
+
+        from django_dbworker import conf
+        from django_dbworker.outage import wait_for_database
+        from django_dbworker.vendors import for_connection
+
+        self._configure_logging(options.get("verbosity", 1))
+        alias = conf.value("DATABASE")
+        try:
+            if alias in connections:
+                for_connection(connections[alias])  # an unsupported one: the checks say so
+                wait_for_database(alias, options.get("wait_for_database") or 0.0)
+        except UnsupportedDatabase:
+            pass
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
+        return super().execute(*args, **options)
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         try:
             coordinator = Coordinator(
-                options["workers"],
+                selected(options["workers"], options["queues"]),
                 concurrency=dict(options["concurrency"]),
                 shutdown_timeout=options["shutdown_timeout"],
                 status_interval=options["status_interval"],
+                wait_for_database=options["wait_for_database"],
+                schedules=options["schedules"],
+                metrics_port=options["metrics_port"],
             )
             if options["drain"]:
                 with self._signals(coordinator):

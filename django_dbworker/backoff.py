@@ -1,0 +1,25 @@
+"""When a worker's pool may claim next: at once after work, doubling waits while idle."""
+
+from __future__ import annotations
+
+
+class Backoff:
+    def __init__(self, first: float, most: float) -> None:
+        self.first, self.most = first, most
+        self.delay = first
+        self.next_at = 0.0
+        # The last claim found nothing, and nothing has happened since that could have
+        # made a row claimable (drain exits when every worker is exhausted and idle).
+        self.exhausted = False
+
+    def found_work(self) -> None:
+        self.delay, self.next_at, self.exhausted = self.first, 0.0, False
+
+    def found_nothing(self, now: float) -> None:
+        self.next_at = now + self.delay
+        self.delay = min(self.delay * 2, self.most)
+        self.exhausted = True
+
+    def wake(self) -> None:
+        """Something changed (a row was inserted, a handler finished): claim again now."""
+        self.delay, self.next_at, self.exhausted = self.first, 0.0, False

@@ -1,0 +1,55 @@
+"""Pausing a worker: every coordinator stops claiming its rows (running handlers finish),
+until it is resumed. The one code path for the admin, the commands and your code.
+
+A pause is a ``WorkerPause`` row. Coordinators read the (tiny) table every poll interval;
+on PostgreSQL a trigger's NOTIFY wakes them at once.
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from . import conf
+from .models import WorkerPause
+from .registry import registry
+from .vendors import PAUSE_NOTICE, for_connection
+
+
+def _tell_coordinators(database: str) -> None:
+    """On PostgreSQL, wake every coordinator to look at the pauses (at commit)."""
+    connection = connections[database]
+    sql = for_connection(connection).notify_sql(PAUSE_NOTICE)
+    if sql:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+
+
+def pause(worker: str, by: str = "", reason: str = "") -> bool:
+    """Pause ``worker`` (a registered name); True if it was running, False if paused."""
+    name = registry[worker].name  # an unknown name fails, naming the known ones
+    database = conf.value("DATABASE")
+    try:
+        with transaction.atomic(using=database):
+            WorkerPause.objects.using(database).create(
+                worker=name, paused_by=by[:255], reason=reason, paused_at=timezone.now())
+            _tell_coordinators(database)
+    except IntegrityError:
+        return False
+    return True
+
+
+def resume(worker: str) -> bool:
+    """Resume ``worker``; True if it was paused."""
+    name = registry[worker].name
+    database = conf.value("DATABASE")
+    with transaction.atomic(using=database):
+        deleted, _ = WorkerPause.objects.using(database).filter(worker=name).delete()
+        if deleted:
+            _tell_coordinators(database)
+    return bool(deleted)
+
+
+def paused() -> dict[str, WorkerPause]:
+    """Paused worker name -> its pause."""
+    return {p.worker: p for p in WorkerPause.objects.using(conf.value("DATABASE"))}

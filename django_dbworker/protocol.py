@@ -1,0 +1,54 @@
+"""What a coordinator and its children say to each other, and the claims they talk about.
+
+The coordinator sends a child *deliveries*: claimed rows, each under a sequence number
+that is unique within that child. The child reports on each delivery by that number, so
+a row claimed again before the child's report on its previous run has arrived is two
+deliveries, never one (the row is claimable the moment the child commits, and the
+child's message may arrive after the next claim).
+
+Everything here is plain data: tuples cross the pipe (cheap to pickle), dataclasses stay
+in the coordinator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# -- child -> coordinator ------------------------------------------------------------------
+READY = "ready"  # (READY, pid): set-up done, send rows
+SETUP_FAILED = "setup_failed"  # (SETUP_FAILED, traceback text): the child exits
+# (RESULTS, [Result, ...], seconds the group took, {seq: (handler seconds, started at)})
+RESULTS = "results"
+
+# Result kinds, one per delivery.
+DONE = "done"  # detail: the new status (finished, unfinished, failed)
+LOST = "lost"  # the claim was taken over; nothing was saved
+INTERRUPTED = "interrupted"  # the database went away while it ran; release the row
+SKIPPED = "skipped"  # never started (stopping, revoked, or the database went away first)
+
+# -- the shared slot ------------------------------------------------------------------------
+# A child writes it before each handler: (delivery seq, time.monotonic() at start); seq 0
+# between handlers. The coordinator reads it for timeouts and to know which row was running
+# when a child died; CLOCK_MONOTONIC is system-wide on Linux and macOS. SLOT_REVOKE is the
+# coordinator's: set, the child starts none of the rows it holds and reports them SKIPPED.
+SLOT_SEQ, SLOT_STARTED, SLOT_REVOKE = 0, 1, 2
+SLOT_SIZE = 3
+
+Delivery = tuple[int, int, str, str, int]  # seq, execution id, source id, token, attempt
+Result = tuple[str, int, Any]  # kind, seq, detail
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One claimed row: what a child needs to run it, and what a release restores."""
+
+    execution_id: int
+    source_id: str
+    token: str
+    previous_status: str
+    attempt: int  # this claim's attempt number (attempts after the claim)
+    ready_at: float | None = None  # when the row became claimable (time.time() scale)
+
+    def delivery(self, seq: int) -> Delivery:
+        return (seq, self.execution_id, self.source_id, self.token, self.attempt)

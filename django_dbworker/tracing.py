@@ -1,0 +1,26 @@
+"""One OpenTelemetry span per execution, when ``opentelemetry-api`` is installed (it is
+optional: without it this costs nothing). Configure the SDK and an exporter as usual."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    from opentelemetry import trace
+except ImportError:  # pragma: no cover - the optional dependency is absent
+    trace = None  # type: ignore[assignment]
+
+
+@contextmanager
+def span(worker: str, source_id: str, attempt: int) -> Iterator[Any]:
+    """A ``dbworker.execute`` span around one handler; set ``dbworker.outcome`` on it."""
+    if trace is None:
+        yield None
+        return
+    tracer = trace.get_tracer("django_dbworker")
+    with tracer.start_as_current_span("dbworker.execute", attributes={
+            "dbworker.worker": worker, "dbworker.source_id": source_id,
+            "dbworker.attempt": attempt}) as current:
+        yield current

@@ -1,0 +1,66 @@
+"""Everything that differs between PostgreSQL, MySQL/MariaDB and SQLite, chosen once.
+
+``for_connection(connection)`` picks the class (one module per database); nothing else in
+the package tests which database it talks to. A new database is one new module here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .base import (
+    EXECUTION_TABLE,
+    NOTIFY_CHANNEL,
+    PAUSE_NOTICE,
+    TRIGGER_NAME,
+    TriggerNames,
+    TriggerSource,
+    UnsupportedDatabase,
+    Vendor,
+    driver_error,
+    error_code,
+)
+from .mysql import MySQL
+from .postgresql import PostgreSQL
+from .sqlite import SQLite
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+__all__ = [
+    "EXECUTION_TABLE", "NOTIFY_CHANNEL", "PAUSE_NOTICE", "TRIGGER_NAME", "VENDORS", "MySQL", "PostgreSQL",
+    "SQLite", "TriggerNames", "TriggerSource", "UnsupportedDatabase", "Vendor",
+    "driver_error", "error_code", "for_connection", "for_engine", "prepare_child_settings",
+]
+
+VENDORS: dict[str, type[Vendor]] = {
+    "postgresql": PostgreSQL,
+    "mysql": MySQL,
+    "sqlite": SQLite,
+}
+# The last part of a DATABASES ENGINE path, for the system checks (which do not connect).
+ENGINES = {"postgresql": PostgreSQL, "postgis": PostgreSQL, "mysql": MySQL,
+           "sqlite3": SQLite, "spatialite": SQLite}
+
+
+def for_connection(connection: BaseDatabaseWrapper) -> Vendor:
+    try:
+        cls = VENDORS[connection.vendor]
+    except KeyError:
+        raise UnsupportedDatabase(
+            f"The {connection.vendor!r} database backend is not supported: use PostgreSQL "
+            "13+, MySQL 8.0.1+, MariaDB 10.6+ or a file-backed SQLite."
+        ) from None
+    return cls(connection)
+
+
+def for_engine(engine: str) -> type[Vendor] | None:
+    """The vendor of a DATABASES ENGINE path, or None when it is not supported."""
+    return ENGINES.get(engine.rsplit(".", 1)[-1])
+
+
+def prepare_child_settings(settings_dict: dict[str, Any]) -> None:
+    """Adjust a child's DATABASES entry (its vendor's defaults) before it connects."""
+    cls = for_engine(str(settings_dict.get("ENGINE", "")))
+    if cls is not None:
+        cls.prepare_child_settings(settings_dict)

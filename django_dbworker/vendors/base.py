@@ -1,0 +1,276 @@
+"""What every database provides, and the pieces that are the same everywhere.
+
+A vendor is chosen once per connection (``vendors.for_connection``); the rest of the
+package asks it for SQL (trigger DDL, the database clock, key conversion), for how its
+claims are made (a strategy name the bridge implements) and how its connections are set
+up, instead of testing database names. Plain SQL strings and DBAPI calls only: the
+SQLAlchemy bridge wraps them, Django runs the DDL.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+EXECUTION_TABLE = "django_dbworker_execution"
+NOTIFY_CHANNEL = "dbworker"
+PAUSE_NOTICE = ".pause"  # the payload that says a pause changed (no worker has this name)
+TEXT_KEY_TYPES = {"CharField", "TextField", "SlugField", "EmailField", "URLField"}
+# Statuses a source change re-runs (rerun_on) and the one it flags instead.
+RERUN_STATUSES = ("finished", "failed")
+
+
+class UnsupportedDatabase(ImproperlyConfigured):
+    pass
+
+
+def driver_error(exc: BaseException) -> BaseException:
+    """The database driver's own exception behind SQLAlchemy's or Django's wrapper."""
+    inner = getattr(exc, "orig", None) or exc.__cause__
+    return inner if isinstance(inner, BaseException) else exc
+
+
+def error_code(exc: BaseException) -> Any:
+    """The server's error number (MySQL) of a failure, if it has one."""
+    args = driver_error(exc).args
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+# Trigger names this app makes, and nothing else: dbworker_<worker>_(ins|del|upd).
+TRIGGER_NAME = re.compile(r"dbworker_[a-z][a-z0-9_]*_(ins|del|upd)\Z")
+
+
+@dataclass(frozen=True)
+class TriggerNames:
+    insert: str
+    delete: str
+    update: str
+
+    @classmethod
+    def of(cls, base: str) -> TriggerNames:
+        return cls(insert=f"dbworker_{base}_ins", delete=f"dbworker_{base}_del",
+                   update=f"dbworker_{base}_upd")
+
+    def all(self) -> tuple[str, str, str]:
+        return (self.insert, self.delete, self.update)
+
+
+@dataclass(frozen=True)
+class TriggerSource:
+    """What the triggers of one source table need to know.
+
+    ``worker``, ``priority`` and ``due`` are SQL expressions of the inserted row, given
+    its alias (``NEW``, or a transition table's): a row worker's name is a constant, a
+    task's queue comes from the row itself.
+    """
+
+    base: str  # trigger names are dbworker_<base>_ins/_del/_upd
+    table: str
+    pk_column: str
+    pk_field: Any
+    worker: Callable[[str], str]
+    priority: Callable[[str], str] = field(default=lambda row: "0")
+    due: Callable[[str], str] = field(default=lambda row: "NULL")
+    rerun_on: Sequence[str] = ()  # column names
+
+    @property
+    def names(self) -> TriggerNames:
+        return TriggerNames.of(self.base)
+
+
+class Vendor:
+    name = ""
+    claim_mode = "FOR UPDATE SKIP LOCKED"
+    # How claims are made, by the bridge strategy of this name: "returning" (lock and
+    # claim in one statement), "lock_then_update" (SELECT ... FOR UPDATE SKIP LOCKED,
+    # then UPDATE, one transaction) or "immediate_then_update" (SQLite's one writer).
+    claim_strategy = "lock_then_update"
+    ordered_claim_strategy = "lock_then_update"  # for eligible() with order_by
+    # Row locks on a SELECT: "of_table" (FOR UPDATE OF the Execution table only),
+    # "rows" (FOR UPDATE: every table read), or "" (no row locks at all).
+    row_locks = "of_table"
+    # Whether pickup can be woken by the database (LISTEN/NOTIFY).
+    notifies = False
+    # Whether the eligibility EXISTS needs OFFSET 0 to stay a per-row probe. PostgreSQL
+    # otherwise turns it into a semi-join, and for a custom order (no early stop at the
+    # LIMIT) hashes the whole source table: claim cost would grow with history.
+    fence_exists = False
+    # Whether ORDER BY accepts NULLS FIRST/LAST (else the bridge emulates it).
+    nulls_order_syntax = True
+    # Which SQLAlchemy dialect+driver talks to it.
+    sqlalchemy_driver = ""
+    partial_indexes = True
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+        self.qn = connection.ops.quote_name
+
+    # -- errors --------------------------------------------------------------------------
+    def is_lock_contention(self, exc: BaseException) -> bool:
+        """Whether a failed statement only met another writer's lock (wait and retry),
+        rather than a database that went away."""
+        return False
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Whether a failed statement lost a deadlock (or a lock wait) to another
+        transaction: contention, retried at once, never an outage."""
+        return False
+
+    def is_permanent_connect_error(self, exc: BaseException) -> bool:
+        """Whether a failed connection will fail again however long one waits (a wrong
+        password, a database that does not exist), unlike a server that is not up yet."""
+        return False
+
+    # -- the server ------------------------------------------------------------------------
+    def check_supported(self) -> None:
+        """Raise UnsupportedDatabase naming the fix when this server cannot run workers."""
+
+    def describe(self) -> str:
+        return self.name
+
+    @classmethod
+    def settings_problem(cls, alias: str, settings_dict: dict[str, Any]) -> tuple[str, str] | None:
+        """(message, hint) when a DATABASES entry cannot work, found without connecting."""
+        return None
+
+    @classmethod
+    def prepare_child_settings(cls, settings_dict: dict[str, Any]) -> None:
+        """Adjust a child's DATABASES entry before its first connection."""
+
+    # -- the coordinator's connections (see the bridge) -----------------------------------
+    def url_parts(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments of SQLAlchemy's URL.create() for a DATABASES entry."""
+        sd = settings_dict
+        return {"username": sd.get("USER") or None, "password": sd.get("PASSWORD") or None,
+                "host": sd.get("HOST") or None,
+                "port": int(sd["PORT"]) if sd.get("PORT") else None,
+                "database": sd.get("NAME")}
+
+    def connect_args(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The coordinator's driver options, from those of the DATABASES entry."""
+        return given
+
+    def engine_options(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        """Extra create_engine() options for the coordinator."""
+        return {}
+
+    def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
+        """Run on every new coordinator connection."""
+
+    # -- the database clock (leases compare against it, never a machine's clock) --------
+    def now_sql(self) -> str:
+        raise NotImplementedError
+
+    def now_plus_sql(self, seconds: float) -> str:
+        raise NotImplementedError
+
+    def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
+        """A timestamp column plus a number of seconds."""
+        raise NotImplementedError
+
+    # -- source keys: the one place they are converted -------------------------------------
+    def text_key_sql(self, column_sql: str) -> str:
+        """The source key as text: what Execution.source_id holds, the same text
+        api.source_key() computes in Python."""
+        return f"CAST({column_sql} AS CHAR)"
+
+    def key_needs_cast(self, pk_field: Any) -> bool:
+        """Whether Execution.source_id (text) must be cast to compare with the source key."""
+        return pk_field.get_internal_type() not in TEXT_KEY_TYPES
+
+    def key_from_text_sql(self, pk_field: Any, text_sql: str) -> str:
+        """The stored text key turned back into the source key's type, so that the
+        source's primary-key index serves the comparison (the cast sits on the Execution
+        side)."""
+        if not self.key_needs_cast(pk_field):
+            return text_sql
+        return f"CAST({text_sql} AS {pk_field.cast_db_type(self.connection)})"
+
+    # -- triggers: a PENDING Execution row for every source row ---------------------------
+    EXECUTION_COLUMNS = ("worker, source_id, status, attempts, priority, next_attempt_at, "
+                         "rerun_requested, created_at, updated_at, ready_at")
+
+    def pending_row_values(self, source: TriggerSource, row: str) -> str:
+        now = self.now_sql()
+        key = self.text_key_sql(f"{row}.{self.qn(source.pk_column)}")
+        due = source.due(row)
+        return (f"{source.worker(row)}, {key}, 'pending', 0, {source.priority(row)}, {due}, "
+                f"{self.false_sql()}, {now}, {now}, COALESCE({due}, {now})")
+
+    def change_probe_sql(self) -> str:
+        """A statement whose answer changes when rows are inserted (new work), cheap
+        enough to run every PROBE_SECONDS where the database cannot notify."""
+        return f"SELECT MAX(id) FROM {self.qn(EXECUTION_TABLE)}"
+
+    def notify_sql(self, payload: str) -> str | None:
+        """A statement waking every coordinator with ``payload``, if the database can."""
+        return None
+
+    def false_sql(self) -> str:
+        return "FALSE"
+
+    def concat_sql(self, *parts: str) -> str:
+        return " || ".join(parts)
+
+    def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
+        raise NotImplementedError
+
+    def create_trigger_sql(self, source: TriggerSource) -> list[str]:
+        raise NotImplementedError
+
+    def trigger_names(self, source: TriggerSource) -> list[str]:
+        """The triggers create_trigger_sql() makes for ``source``."""
+        names = source.names
+        return [names.insert, names.delete, *([names.update] if source.rerun_on else [])]
+
+    def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
+        raise NotImplementedError
+
+    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[str]]:
+        """SELECT (trigger name, table name) of the triggers with exactly these names."""
+        raise NotImplementedError
+
+    def rerun_set_sql(self, source: TriggerSource, changed: Callable[[str], str],
+                      e: str = "") -> str:
+        """The SET list of the UPDATE a source change (rerun_on) makes: a finished or
+        failed row becomes pending, a working one is flagged to run again after its
+        commit. Every assignment reads the old status first (MySQL assigns left to right,
+        so ``status`` comes last); ``e`` qualifies the Execution columns read."""
+        done = ", ".join(f"'{s}'" for s in RERUN_STATUSES)
+        now = self.now_sql()
+        reason = self.changed_columns_sql(source.rerun_on, changed)
+        return (f"rerun_requested = ({e}status = 'working'), "
+                f"next_attempt_at = CASE WHEN {e}status IN ({done}) THEN NULL "
+                f"ELSE {e}next_attempt_at END, "
+                f"ready_at = CASE WHEN {e}status IN ({done}) THEN {now} ELSE {e}ready_at END, "
+                f"rerun_reason = {reason}, updated_at = {now}, "
+                f"status = CASE WHEN {e}status IN ({done}) THEN 'pending' ELSE {e}status END")
+
+    def rerun_where_sql(self, e: str = "") -> str:
+        statuses = ", ".join(f"'{s}'" for s in (*RERUN_STATUSES, "working"))
+        return f"{e}status IN ({statuses})"
+
+    def changed_columns_sql(self, columns: Sequence[str],
+                            changed: Callable[[str], str]) -> str:
+        """'changed: a, b': the listed columns that changed, as text."""
+        parts = " || ".join(f"CASE WHEN {changed(c)} THEN '{c}, ' ELSE '' END" for c in columns)
+        return f"'changed: ' || RTRIM({parts}, ', ')"
+
+    # -- indexes ---------------------------------------------------------------------------
+    def partial_index_sql(self, name: str, table: str, columns: str, where_column: str) -> str:
+        """An index of the rows whose ``where_column`` is not NULL (a plain one where the
+        database has no partial indexes: NULL keys then sit apart, unread by lookups of
+        a value)."""
+        if not self.partial_indexes:
+            return f"CREATE INDEX {name} ON {table} ({columns})"
+        return f"CREATE INDEX {name} ON {table} ({columns}) WHERE {where_column} IS NOT NULL"
+
+    def drop_index_sql(self, name: str, table: str) -> str:
+        return f"DROP INDEX IF EXISTS {name}"

@@ -1,0 +1,170 @@
+"""MySQL 8.0.1+ and MariaDB 10.6+: row triggers, lock-then-claim, no partial indexes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .base import (
+    EXECUTION_TABLE,
+    TriggerSource,
+    UnsupportedDatabase,
+    Vendor,
+    error_code,
+)
+
+# (alias, database name) -> (charset, collation) of Execution.source_id
+_COLLATIONS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+class MySQL(Vendor):
+    name = "mysql"
+    nulls_order_syntax = False
+    partial_indexes = False  # NULL keys of non-claimable rows sit apart at the start
+    sqlalchemy_driver = "mysql+mysqldb"
+    DEADLOCK_CODES = {1213, 1205}  # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+    # Access denied (to the database, for the user, by auth plugin), unknown database.
+    PERMANENT_CONNECT_CODES = {1044, 1045, 1049, 1698}
+
+    @property
+    def is_mariadb(self) -> bool:
+        return bool(self.connection.mysql_is_mariadb)  # type: ignore[attr-defined]
+
+    @property
+    def row_locks(self) -> str:  # type: ignore[override]
+        return "rows" if self.is_mariadb else "of_table"  # MariaDB has no FOR UPDATE OF
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return error_code(exc) in self.DEADLOCK_CODES
+
+    def is_permanent_connect_error(self, exc: BaseException) -> bool:
+        return error_code(exc) in self.PERMANENT_CONNECT_CODES
+
+    def check_supported(self) -> None:
+        version = tuple(self.connection.mysql_version)  # type: ignore[attr-defined]
+        if self.is_mariadb and version < (10, 6):
+            raise UnsupportedDatabase(
+                f"MariaDB {'.'.join(map(str, version))} has no SKIP LOCKED: "
+                "django-dbworker needs MariaDB 10.6+."
+            )
+        if not self.is_mariadb and version < (8, 0, 1):
+            raise UnsupportedDatabase(
+                f"MySQL {'.'.join(map(str, version))} has no SKIP LOCKED: "
+                "django-dbworker needs MySQL 8.0.1+."
+            )
+
+    def describe(self) -> str:
+        version = ".".join(map(str, self.connection.mysql_version))  # type: ignore[attr-defined]
+        return f"{'MariaDB' if self.is_mariadb else 'MySQL'} {version}"
+
+    def connect_args(self, given: dict[str, Any]) -> dict[str, Any]:
+        # Timeouts: a partition fails the coordinator's statements in seconds (see
+        # PostgreSQL's); its own statements are short.
+        return {"charset": "utf8mb4", "connect_timeout": 10, "read_timeout": 30,
+                "write_timeout": 30, **given}
+
+    def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
+        if self.is_mariadb:
+            # As on PostgreSQL: a coordinator frozen inside a claim loses its transaction
+            # (and the row locks it holds) after a lease. MySQL has no such setting: there
+            # such rows wait until the frozen process resumes or dies.
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET SESSION idle_transaction_timeout = {max(round(lease_seconds), 1)}")
+            cursor.close()
+
+    def engine_options(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        # Locking reads under READ COMMITTED lock only the rows they return.
+        return {"isolation_level": "READ COMMITTED"}
+
+    def now_sql(self) -> str:
+        # Django stores UTC in DATETIME(6) columns; NOW() would be the session's zone.
+        return "UTC_TIMESTAMP(6)"
+
+    def now_plus_sql(self, seconds: float) -> str:
+        return f"(UTC_TIMESTAMP(6) + INTERVAL {round(seconds * 1_000_000)} MICROSECOND)"
+
+    def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
+        return f"({column_sql} + INTERVAL {round(seconds * 1_000_000)} MICROSECOND)"
+
+    def key_needs_cast(self, pk_field: Any) -> bool:
+        # UUIDs are char(32) here: already the text form.
+        return super().key_needs_cast(pk_field) and pk_field.get_internal_type() != "UUIDField"
+
+    def text_key_sql(self, column_sql: str) -> str:
+        # The text must carry source_id's own charset and collation: CAST alone gives the
+        # connection's, and comparing two collations is an error ("Illegal mix").
+        charset, collation = self._source_id_collation()
+        if charset is None:
+            return f"CAST({column_sql} AS CHAR)"
+        return f"CAST({column_sql} AS CHAR CHARACTER SET {charset}) COLLATE {collation}"
+
+    def _source_id_collation(self) -> tuple[str | None, str | None]:
+        key = (self.connection.alias, self.connection.settings_dict["NAME"])
+        if key not in _COLLATIONS:
+            with self.connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s "
+                    "AND COLUMN_NAME = 'source_id'",
+                    [EXECUTION_TABLE],
+                )
+                row = cursor.fetchone()
+            if row is None:
+                return None, None  # not migrated yet: do not remember
+            _COLLATIONS[key] = (row[0], row[1])
+        return _COLLATIONS[key]
+
+    def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
+        # ON DUPLICATE KEY rather than INSERT IGNORE: IGNORE would also hide real errors.
+        return (f"INSERT INTO {self.qn(table)} ({columns}) {select_sql} "
+                "ON DUPLICATE KEY UPDATE worker = worker")
+
+    def concat_sql(self, *parts: str) -> str:
+        return f"CONCAT({', '.join(parts)})"  # || is OR here
+
+    def changed_columns_sql(self, columns: Sequence[str], changed: Any) -> str:
+        # || is OR here; CONCAT it is.
+        parts = ", ".join(f"IF({changed(c)}, '{c}, ', '')" for c in columns)
+        return f"CONCAT('changed: ', TRIM(TRAILING ', ' FROM CONCAT({parts})))"
+
+    def create_trigger_sql(self, source: TriggerSource) -> list[str]:
+        names = source.names
+        table, pk = self.qn(source.table), self.qn(source.pk_column)
+        ex = self.qn(EXECUTION_TABLE)
+        insert = self.insert_ignore(EXECUTION_TABLE, self.EXECUTION_COLUMNS,
+                                    f"VALUES ({self.pending_row_values(source, 'NEW')})")
+        statements = [
+            f"DROP TRIGGER IF EXISTS {names.insert}",
+            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} FOR EACH ROW {insert}",
+            f"DROP TRIGGER IF EXISTS {names.delete}",
+            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} FOR EACH ROW "
+            f"DELETE FROM {ex} WHERE worker = {source.worker('OLD')} "
+            f"AND source_id = {self.text_key_sql(f'OLD.{pk}')} AND status <> 'working'",
+            f"DROP TRIGGER IF EXISTS {names.update}",
+        ]
+        if source.rerun_on:
+            def changed(column: str) -> str:
+                return f"NOT (OLD.{self.qn(column)} <=> NEW.{self.qn(column)})"
+
+            any_changed = " OR ".join(changed(c) for c in source.rerun_on)
+            statements.append(
+                f"CREATE TRIGGER {names.update} AFTER UPDATE ON {table} FOR EACH ROW "
+                f"IF {any_changed} THEN UPDATE {ex} SET {self.rerun_set_sql(source, changed)} "
+                f"WHERE worker = {source.worker('NEW')} "
+                f"AND source_id = {self.text_key_sql(f'NEW.{pk}')} "
+                f"AND {self.rerun_where_sql()}; END IF")
+        return statements
+
+    def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
+        return [f"DROP TRIGGER IF EXISTS {trigger}"]
+
+    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        # information_schema compares names without regard to case: BINARY makes the
+        # match exact (a trigger of the user's named DBWORKER_X_INS is not ours).
+        marks = ", ".join(["%s"] * len(names))
+        return ("SELECT TRIGGER_NAME, EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS "
+                f"WHERE TRIGGER_SCHEMA = DATABASE() AND BINARY TRIGGER_NAME IN ({marks})",
+                list(names))
+
+    def drop_index_sql(self, name: str, table: str) -> str:
+        return f"DROP INDEX {name} ON {table}"

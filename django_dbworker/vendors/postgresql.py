@@ -1,0 +1,185 @@
+"""PostgreSQL 13+: statement-level triggers, claims in one statement, LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .base import (
+    EXECUTION_TABLE,
+    NOTIFY_CHANNEL,
+    TriggerSource,
+    UnsupportedDatabase,
+    Vendor,
+    driver_error,
+)
+
+
+class PostgreSQL(Vendor):
+    name = "postgresql"
+    # Lock the candidates (skipping rows others hold) and claim them in one statement.
+    # RETURNING has no order, which is fine in creation order (ids say it) but not for a
+    # custom order_by: those lock, then claim.
+    claim_strategy = "returning"
+    notifies = True
+    fence_exists = True
+    sqlalchemy_driver = "postgresql+psycopg"
+    # deadlock_detected, serialization_failure, lock_not_available
+    DEADLOCK_STATES = {"40P01", "40001", "55P03"}
+    # What the server says, before any SQLSTATE reaches the client, when connecting can
+    # never succeed as configured.
+    PERMANENT_CONNECT_ERRORS = ("password authentication failed", "authentication failed",
+                                "does not exist", "no pg_hba.conf entry",
+                                "permission denied for database")
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return getattr(driver_error(exc), "sqlstate", None) in self.DEADLOCK_STATES
+
+    def is_permanent_connect_error(self, exc: BaseException) -> bool:
+        text = str(driver_error(exc))
+        return any(marker in text for marker in self.PERMANENT_CONNECT_ERRORS)
+
+    def check_supported(self) -> None:
+        version = self.connection.pg_version  # type: ignore[attr-defined]
+        if version < 130000:
+            raise UnsupportedDatabase(
+                f"PostgreSQL {version // 10000} is too old: django-dbworker needs PostgreSQL 13+."
+            )
+
+    def describe(self) -> str:
+        v = self.connection.pg_version  # type: ignore[attr-defined]
+        return f"PostgreSQL {v // 10000}.{v % 10000}"
+
+    def url_parts(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        parts = super().url_parts({**settings_dict, "PORT": None})
+        host, port = str(settings_dict.get("HOST") or ""), str(settings_dict.get("PORT") or "")
+        if "," in host or "," in port:
+            # Several hosts (a primary and its replicas, with target_session_attrs in
+            # OPTIONS): libpq tries them in turn; SQLAlchemy passes them through as is.
+            parts["host"] = None
+            parts["query"] = {"host": host, **({"port": port} if port else {})}
+        elif port:
+            parts["port"] = int(port)
+        return parts
+
+    def connect_args(self, given: dict[str, Any]) -> dict[str, Any]:
+        # A network that drops packets (a partition) must fail the coordinator's
+        # statements within seconds, not after TCP's quarter of an hour: then its outage
+        # handling takes over and it claims nothing until the database is back.
+        return {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10,
+                "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 15000,
+                **given}
+
+    def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        # The coordinator's own writes (claims, renewals, releases, heartbeats) need not
+        # wait for the WAL flush: if the server crashes before it, the row is simply as it
+        # was (claimable, or recovered when its lease runs out). A child's commit, which is
+        # synchronous, flushes everything written before it, so no outcome can outlive the
+        # claim it was guarded by. This takes an fsync off every claim.
+        dbapi_connection.execute("SET synchronous_commit = off")
+        # A coordinator frozen inside a claim (SIGSTOP, a debugger, a suspended VM) holds
+        # row locks that SKIP LOCKED hides from everyone: the server ends its transaction
+        # after a lease, so those rows wait no longer than a lease would.
+        dbapi_connection.execute(
+            f"SET idle_in_transaction_session_timeout = {max(int(lease_seconds * 1000), 1000)}")
+        dbapi_connection.autocommit = autocommit
+
+    def notify_sql(self, payload: str) -> str | None:
+        return f"SELECT pg_notify('{NOTIFY_CHANNEL}', '{payload}')"
+
+    def now_sql(self) -> str:
+        return "now()"
+
+    def now_plus_sql(self, seconds: float) -> str:
+        return f"(now() + interval '{float(seconds):.6f} seconds')"
+
+    def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
+        return f"({column_sql} + interval '{float(seconds):.6f} seconds')"
+
+    def text_key_sql(self, column_sql: str) -> str:
+        return f"CAST({column_sql} AS text)"
+
+    def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
+        return (f"INSERT INTO {self.qn(table)} ({columns}) {select_sql} "
+                "ON CONFLICT (worker, source_id) DO NOTHING")
+
+    def changed_columns_sql(self, columns: Sequence[str], changed: Any) -> str:
+        parts = " || ".join(f"CASE WHEN {changed(c)} THEN '{c}, ' ELSE '' END" for c in columns)
+        return f"'changed: ' || RTRIM({parts}, ', ')"
+
+    def create_trigger_sql(self, source: TriggerSource) -> list[str]:
+        # Statement-level triggers with transition tables: one INSERT ... SELECT per
+        # statement, so bulk_create of 10,000 rows costs one trigger call, not 10,000.
+        names = source.names
+        table, pk = self.qn(source.table), self.qn(source.pk_column)
+        ex = self.qn(EXECUTION_TABLE)
+        insert = self.insert_ignore(
+            EXECUTION_TABLE, self.EXECUTION_COLUMNS,
+            f"SELECT {self.pending_row_values(source, 'n')} FROM new_rows n")
+
+        def notify(rows: str) -> str:
+            return (f"PERFORM pg_notify('{NOTIFY_CHANNEL}', w) FROM "
+                    f"(SELECT DISTINCT {source.worker('n')} AS w FROM {rows} n) notified;")
+
+        update_body = notify("new_rows")
+        if source.rerun_on:
+            def changed(column: str) -> str:
+                return f"o.{self.qn(column)} IS DISTINCT FROM n.{self.qn(column)}"
+
+            any_changed = " OR ".join(changed(c) for c in source.rerun_on)
+            update_body = (
+                f"UPDATE {ex} e SET {self.rerun_set_sql(source, changed, 'e.')} "
+                f"FROM new_rows n JOIN old_rows o ON o.{pk} = n.{pk} "
+                f"WHERE e.worker = {source.worker('n')} "
+                f"AND e.source_id = {self.text_key_sql(f'n.{pk}')} "
+                f"AND {self.rerun_where_sql('e.')} AND ({any_changed});\n  " + update_body)
+        return [
+            f"""CREATE OR REPLACE FUNCTION {names.insert}() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+  {insert};
+  {notify("new_rows")}
+  RETURN NULL;
+END $f$""",
+            f"DROP TRIGGER IF EXISTS {names.insert} ON {table}",
+            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} "
+            f"REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {names.insert}()",
+            # Removed source rows take their history along, except a row a handler holds:
+            # that one ends FAILED (source deleted) when the child cannot load it.
+            f"""CREATE OR REPLACE FUNCTION {names.delete}() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+  DELETE FROM {ex} e USING old_rows o
+   WHERE e.worker = {source.worker('o')} AND e.source_id = {self.text_key_sql(f"o.{pk}")}
+     AND e.status <> 'working';
+  RETURN NULL;
+END $f$""",
+            f"DROP TRIGGER IF EXISTS {names.delete} ON {table}",
+            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} "
+            f"REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {names.delete}()",
+            # An UPDATE can make a row eligible (uploaded = true): wake idle coordinators;
+            # with rerun_on, a changed column makes a finished or failed row pending again.
+            f"""CREATE OR REPLACE FUNCTION {names.update}() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+  {update_body}
+  RETURN NULL;
+END $f$""",
+            f"DROP TRIGGER IF EXISTS {names.update} ON {table}",
+            f"CREATE TRIGGER {names.update} AFTER UPDATE ON {table} "
+            f"REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {names.update}()",
+        ]
+
+    def trigger_names(self, source: TriggerSource) -> list[str]:
+        return list(source.names.all())
+
+    def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
+        return [f"DROP TRIGGER IF EXISTS {trigger} ON {self.qn(table)}",
+                f"DROP FUNCTION IF EXISTS {trigger}()"]
+
+    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        return ("SELECT t.tgname, c.relname FROM pg_trigger t "
+                "JOIN pg_class c ON c.oid = t.tgrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE NOT t.tgisinternal AND t.tgname = ANY(%s) "
+                "AND n.nspname = ANY(current_schemas(false))", [list(names)])

@@ -1,0 +1,144 @@
+"""SQLite 3.35+ in a file: one writer at a time, claims under BEGIN IMMEDIATE."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from .base import EXECUTION_TABLE, TriggerSource, UnsupportedDatabase, Vendor
+
+
+class SQLite(Vendor):
+    name = "sqlite"
+    # SQLite has one writer at a time: BEGIN IMMEDIATE takes the write lock before the
+    # claim reads, and its UPDATE re-checks claimability anyway (the guard).
+    claim_mode = "conditional UPDATE"
+    claim_strategy = ordered_claim_strategy = "immediate_then_update"
+    row_locks = ""
+    sqlalchemy_driver = "sqlite"
+
+    def is_lock_contention(self, exc: BaseException) -> bool:
+        # One writer at a time: a handler's open transaction holds the lock.
+        return "database is locked" in str(exc)
+
+    def is_permanent_connect_error(self, exc: BaseException) -> bool:
+        return True  # a file: no server that might come up later
+
+    def check_supported(self) -> None:
+        if self.connection.is_in_memory_db():  # type: ignore[attr-defined]
+            raise UnsupportedDatabase(
+                "SQLite in memory cannot be shared with child processes: set "
+                "DATABASES[...]['NAME'] to a file path (e.g. BASE_DIR / 'db.sqlite3')."
+            )
+        if sqlite3.sqlite_version_info < (3, 35):
+            raise UnsupportedDatabase(
+                f"SQLite {sqlite3.sqlite_version} has no RETURNING: django-dbworker needs 3.35+."
+            )
+
+    def describe(self) -> str:
+        return f"SQLite {sqlite3.sqlite_version} ({self.connection.settings_dict['NAME']})"
+
+    @classmethod
+    def settings_problem(cls, alias: str, settings_dict: dict[str, Any]) -> tuple[str, str] | None:
+        name = str(settings_dict.get("NAME") or "")
+        if name in ("", ":memory:") or "mode=memory" in name:
+            return (f"DATABASES[{alias!r}] is an in-memory SQLite database, which child "
+                    "processes cannot share.",
+                    "Set NAME to a file path, e.g. BASE_DIR / 'db.sqlite3'.")
+        return None
+
+    @classmethod
+    def prepare_child_settings(cls, settings_dict: dict[str, Any]) -> None:
+        # A handler reads, then writes; under BEGIN DEFERRED the upgrade to a write lock
+        # fails at once ("database is locked") when another process wrote in between.
+        # BEGIN IMMEDIATE takes the lock up front and waits for it instead.
+        options = settings_dict.setdefault("OPTIONS", {})
+        options.setdefault("transaction_mode", "IMMEDIATE")
+        options.setdefault("timeout", 20)
+
+    def url_parts(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        return {"database": str(settings_dict["NAME"])}
+
+    def connect_args(self, given: dict[str, Any]) -> dict[str, Any]:
+        # Short: while a handler runs it holds SQLite's only write lock, and a coordinator
+        # stuck waiting for it would not react to signals; a failed write is retried.
+        # (Set, not defaulted: the DATABASES timeout is for the children.)
+        return {**given, "timeout": 1.0, "check_same_thread": False}
+
+    def engine_options(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        # One statement, one transaction; multi-statement claims say BEGIN IMMEDIATE.
+        return {"isolation_level": "AUTOCOMMIT"}
+
+    def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
+        # WAL lets children read while the coordinator writes (and the reverse); it is a
+        # property of the database file, so setting it once is enough.
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    # Django writes SQLite datetimes as UTC text 'YYYY-MM-DD HH:MM:SS.ffffff'; this sorts
+    # and compares with it as text.
+    def now_sql(self) -> str:
+        return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+    def now_plus_sql(self, seconds: float) -> str:
+        return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '+{float(seconds):.3f} seconds')"
+
+    def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
+        return f"strftime('%Y-%m-%d %H:%M:%f', {column_sql}, '+{float(seconds):.3f} seconds')"
+
+    def false_sql(self) -> str:
+        return "0"
+
+    def change_probe_sql(self) -> str:
+        # Changes whenever another connection commits to the file: no table is read.
+        return "PRAGMA data_version"
+
+    def key_needs_cast(self, pk_field: Any) -> bool:
+        return super().key_needs_cast(pk_field) and pk_field.get_internal_type() != "UUIDField"
+
+    def text_key_sql(self, column_sql: str) -> str:
+        return f"CAST({column_sql} AS TEXT)"
+
+    def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
+        return f"INSERT OR IGNORE INTO {self.qn(table)} ({columns}) {select_sql}"
+
+    def create_trigger_sql(self, source: TriggerSource) -> list[str]:
+        names = source.names
+        table, pk = self.qn(source.table), self.qn(source.pk_column)
+        ex = self.qn(EXECUTION_TABLE)
+        insert = self.insert_ignore(EXECUTION_TABLE, self.EXECUTION_COLUMNS,
+                                    f"VALUES ({self.pending_row_values(source, 'NEW')})")
+        statements = [
+            f"DROP TRIGGER IF EXISTS {names.insert}",
+            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} BEGIN {insert}; END",
+            f"DROP TRIGGER IF EXISTS {names.delete}",
+            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} BEGIN "
+            f"DELETE FROM {ex} WHERE worker = {source.worker('OLD')} "
+            f"AND source_id = {self.text_key_sql(f'OLD.{pk}')} AND status <> 'working'; END",
+            f"DROP TRIGGER IF EXISTS {names.update}",
+        ]
+        if source.rerun_on:
+            def changed(column: str) -> str:
+                return f"OLD.{self.qn(column)} IS NOT NEW.{self.qn(column)}"
+
+            columns = ", ".join(self.qn(c) for c in source.rerun_on)
+            any_changed = " OR ".join(changed(c) for c in source.rerun_on)
+            statements.append(
+                f"CREATE TRIGGER {names.update} AFTER UPDATE OF {columns} ON {table} "
+                f"FOR EACH ROW WHEN {any_changed} BEGIN "
+                f"UPDATE {ex} SET {self.rerun_set_sql(source, changed)} "
+                f"WHERE worker = {source.worker('NEW')} "
+                f"AND source_id = {self.text_key_sql(f'NEW.{pk}')} "
+                f"AND {self.rerun_where_sql()}; END")
+        return statements
+
+    def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
+        return [f"DROP TRIGGER IF EXISTS {trigger}"]
+
+    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        # sqlite_master compares names byte for byte (BINARY collation): exact.
+        marks = ", ".join(["%s"] * len(names))
+        return (f"SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' "
+                f"AND name IN ({marks})", list(names))

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The other supported (Python, Django) pairs, on SQLite (the main run, with every database,
+# is on the newest Python and Django: scripts/test.sh). Each pair gets a venv of its own
+# under .venv-combos/. With CI=true a Python that cannot be found is a failure.
+set -uo pipefail
+COMBOS=${DBWORKER_TEST_COMBOS:-"3.12:6.1 3.12:5.2 3.13:5.2"}
+status=0
+summary=()
+
+find_python() {  # python3.X on PATH, else pyenv's
+  local want=$1 p
+  for p in "python$want" $(command -v pyenv >/dev/null 2>&1 && ls -d "$(pyenv root)"/versions/"$want".*/bin/python"$want" 2>/dev/null | sort -rV); do
+    if command -v "$p" >/dev/null 2>&1; then command -v "$p"; return 0; fi
+  done
+  return 1
+}
+
+for combo in $COMBOS; do
+  py=${combo%%:*}; dj=${combo##*:}
+  python=$(find_python "$py") || {
+    if [ "${CI:-}" = "true" ]; then echo "FAIL: no Python $py"; status=1; summary+=("py$py dj$dj: NO PYTHON (failure)");
+    else echo "NOT RUN: no Python $py"; summary+=("py$py dj$dj: not run (no python)"); fi
+    continue; }
+  venv=".venv-combos/py$py-dj$dj"
+  if [ ! -f "$venv/.installed" ] || [ pyproject.toml -nt "$venv/.installed" ]; then
+    "$python" -m venv "$venv" && "$venv/bin/pip" install -q --upgrade pip \
+      && "$venv/bin/pip" install -q -e '.[test,tasks]' "Django~=$dj.0" && touch "$venv/.installed" || {
+        echo "FAIL: installing py$py dj$dj"; status=1; summary+=("py$py dj$dj: INSTALL FAILED"); continue; }
+  fi
+  echo "=================== tests on sqlite, Python $py, Django $("$venv/bin/python" -c 'import django; print(django.get_version())') ==================="
+  DBWORKER_TEST_DB=sqlite "$venv/bin/python" -m pytest -m "not slow" "$@"
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  summary+=("sqlite, py$py dj$dj: pytest exit $rc")
+done
+echo "=================== summary (other Python and Django versions) ==================="
+printf '%s\n' "${summary[@]}"
+exit $status

@@ -1,0 +1,248 @@
+"""Running it in production: /metrics, /healthz and /readyz; dbworker_status and
+dbworker_health; pausing a worker; signals and failure logs; the why-not-running view."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.urls import reverse
+
+from django_dbworker import Coordinator
+from django_dbworker.diagnosis import diagnose
+from django_dbworker.models import CoordinatorHeartbeat, Execution, WorkerPause
+from django_dbworker.pauses import pause, resume
+from tests.helpers import drain, effects, execution, mark_failed, runworkers, wait_for
+from tests.processes import Output
+from tests.testapp.models import Document, SignalSeen
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of a /metrics page, through prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return found
+
+
+# -- metrics and probes ---------------------------------------------------------------------
+def test_metrics_count_what_happened_and_the_probes_say_how_it_is():
+    port = free_port()
+    docs = Document.objects.bulk_create([Document() for _ in range(3)] + [Document(behaviour="fail")])
+    proc = runworkers("--worker", "docs", "--metrics-port", str(port))
+    output = Output(proc)
+    try:
+        wait_for(lambda: Execution.objects.filter(worker="docs", status__in=["finished", "failed"])
+                 .count() == 4, timeout=60)
+        wait_for(lambda: get(port, "/readyz")[0] == 200, timeout=30)
+        status, text = get(port, "/metrics")
+        assert status == 200
+        m = samples(text)
+        labels = (("queue", ""), ("worker", "docs"))
+        assert m[("dbworker_claimed_total", labels)] == 4
+        assert m[("dbworker_finished_total", labels)] == 3
+        assert m[("dbworker_failed_total", labels)] == 1
+        assert m[("dbworker_handler_duration_seconds_count", labels)] == 4
+        assert m[("dbworker_pickup_latency_seconds_count", labels)] == 4
+        assert m[("dbworker_pending_rows", labels)] == 0
+        Document.objects.create(uploaded=False)  # pending, not eligible: counted as pending
+        m = samples(get(port, "/metrics")[1])
+        assert m[("dbworker_pending_rows", labels)] == 1
+        assert m[("dbworker_oldest_pending_age_seconds", labels)] >= 0
+        health = json.loads(get(port, "/healthz")[1])
+        assert health == {"ok": True, "loop_alive": True, "database": True,
+                          "children_ready": True, "stopping": False}
+    finally:
+        proc.terminate()
+        assert output.wait(timeout=60) == 0, output.err
+    assert len(docs) == 4
+
+
+def test_readyz_says_not_ready_while_the_database_is_down(tmp_path):
+    """The coordinator's database health is what /readyz reports: an outage makes it 503
+    (and /healthz stays 200: restarting would not help)."""
+    from django_dbworker.probes import ProbeServer
+
+    port = free_port()
+    state = {"last_pass": time.monotonic(), "database": False, "children_ready": True,
+             "stopping": False}
+    from prometheus_client import CollectorRegistry
+
+    server = ProbeServer(port, CollectorRegistry(), lambda: state, host="127.0.0.1")
+    server.start()
+    try:
+        assert get(port, "/readyz")[0] == 503 and get(port, "/healthz")[0] == 200
+        state["database"] = True
+        assert get(port, "/readyz")[0] == 200
+        state["last_pass"] = time.monotonic() - 60  # a loop stuck for a minute
+        assert get(port, "/healthz")[0] == 503
+        assert get(port, "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+# -- status and health commands -------------------------------------------------------------
+def test_dbworker_status_json(capsys):
+    docs = Document.objects.bulk_create([Document() for _ in range(3)])
+    mark_failed(Execution.objects.filter(worker="docs", source_id=str(docs[0].pk)))
+    CoordinatorHeartbeat.objects.create(host="box", pid=7, workers="docs")
+    call_command("dbworker_status", "--json")
+    report = json.loads(capsys.readouterr().out)
+    assert report["workers"]["docs"]["counts"] == {
+        "pending": 2, "working": 0, "unfinished": 0, "finished": 0, "failed": 1}
+    assert report["workers"]["docs"]["failed_last_hour"] == 1
+    assert report["workers"]["docs"]["oldest_pending_seconds"] >= 0
+    assert [(c["host"], c["pid"], c["live"]) for c in report["coordinators"]] == [("box", 7, True)]
+    call_command("dbworker_status")
+    text = capsys.readouterr().out
+    assert "docs" in text and "1 live coordinator(s)" in text
+
+
+def test_dbworker_health_fails_without_a_live_coordinator_or_with_old_rows():
+    Document.objects.create()
+    with pytest.raises(CommandError, match="worker docs: no live coordinator runs it"):
+        call_command("dbworker_health", "--worker", "docs")
+    CoordinatorHeartbeat.objects.create(host="box", pid=7, workers="docs")
+    call_command("dbworker_health", "--worker", "docs")  # healthy
+    Execution.objects.filter(worker="docs").update(
+        created_at="2020-01-01T00:00:00Z")
+    with pytest.raises(CommandError, match="the oldest pending row has waited"):
+        call_command("dbworker_health", "--worker", "docs", "--max-pending-age", "60")
+
+
+# -- pausing --------------------------------------------------------------------------------
+def test_a_paused_worker_is_not_claimed_until_resumed():
+    doc = Document.objects.create()
+    assert pause("docs", by="ops") is True and pause("docs") is False
+    assert drain("docs")["claimed"] == 0
+    assert execution("docs", doc).status == "pending"
+    assert resume("docs") is True and resume("docs") is False
+    assert drain("docs")["finished"] == 1
+
+
+def test_a_pause_reaches_a_running_coordinator_within_a_poll():
+    coordinator = Coordinator(["docs"])
+    coordinator.start()
+    try:
+        first = Document.objects.create()
+        wait_for(lambda: execution("docs", first).status == "finished", timeout=30)
+        call_command("dbworker_pause", "docs", "--reason", "incident")
+        time.sleep(1.0)  # POLL_SECONDS is 0.05 here; PostgreSQL is told at once
+        held = Document.objects.create()
+        time.sleep(1.0)
+        assert execution("docs", held).status == "pending"
+        call_command("dbworker_resume", "docs")
+        wait_for(lambda: execution("docs", held).status == "finished", timeout=30)
+    finally:
+        coordinator.stop()
+    assert effects("docs") == {str(first.pk): 1, str(held.pk): 1}
+
+
+def test_pausing_from_the_dashboard_needs_the_change_permission(admin_client, client,
+                                                                django_user_model):
+    from django.contrib.auth.models import Permission
+
+    url = reverse("admin:django_dbworker_pause", args=["docs"])
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_execution"))
+    client.force_login(viewer)
+    assert client.post(url, {"action": "pause"}).status_code == 403
+    assert not WorkerPause.objects.exists()
+    admin_client.post(url, {"action": "pause", "reason": "deploy"})
+    pause_row = WorkerPause.objects.get()
+    assert (pause_row.worker, pause_row.paused_by, pause_row.reason) == ("docs", "admin", "deploy")
+    page = admin_client.get(reverse("admin:django_dbworker_dashboard"))
+    assert 'data-paused="yes"' in page.text and "by admin" in page.text
+    assert LogEntry.objects.filter(change_message="Paused.").count() == 1
+    admin_client.post(url, {"action": "resume"})
+    assert not WorkerPause.objects.exists()
+    assert LogEntry.objects.filter(change_message="Resumed.").count() == 1
+
+
+# -- hooks ----------------------------------------------------------------------------------
+def test_signals_are_sent_after_the_outcome_committed_in_the_child():
+    ok, failing = Document.objects.create(), Document.objects.create(behaviour="fail")
+    drain("docs")
+    seen = SignalSeen.objects.filter(kind__startswith="execution_")
+    assert dict(seen.values_list("key", "kind")) == {f"docs:{ok.pk}": "execution_finished",
+                                                     f"docs:{failing.pk}": "execution_failed"}
+    assert os.getpid() not in set(seen.values_list("pid", flat=True))  # sent by the child
+
+
+def test_a_failure_is_logged_with_the_exception_for_logging_integrations(tmp_path):
+    failing = Document.objects.create(behaviour="fail")
+    proc = runworkers("--drain", "--worker", "docs")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    [line] = [x for x in err.splitlines() if "failed on attempt" in x]
+    assert "WARNING" in line and f"source {failing.pk}" in line
+    assert "ValueError: cannot handle document" in line and "attempt 1 of 1" in line
+    assert "Traceback (most recent call last)" in err  # exc_info: the handler's traceback
+
+
+# -- why is this row not running? -------------------------------------------------------------
+def test_why_names_what_blocks_a_row():
+    doc = Document.objects.create(uploaded=False)
+    findings = diagnose("docs", doc)
+    assert {f.what for f in findings if f.blocking} == {"eligible", "condition", "coordinators"}
+    [condition] = [f for f in findings if f.what == "condition"]
+    assert "uploaded" in condition.detail
+    dependent = {f.what: f for f in diagnose("summaries", doc)}
+    assert dependent["eligible"].blocking
+    assert "waits for worker docs" in dependent["condition"].detail
+    pause("docs")
+    Document.objects.filter(pk=doc.pk).update(uploaded=True)
+    CoordinatorHeartbeat.objects.create(host="box", pid=7, workers="docs")
+    assert {f.what for f in diagnose("docs", doc) if f.blocking} == {"paused"}
+    resume("docs")
+    assert not [f for f in diagnose("docs", doc) if f.blocking]
+
+
+def test_the_why_page_and_its_links(admin_client):
+    doc = Document.objects.create(uploaded=False)
+    e = execution("docs", doc)
+    url = reverse("admin:django_dbworker_why", args=["docs", e.source_id])
+    page = admin_client.get(url)
+    assert page.status_code == 200
+    assert 'data-what="eligible" data-blocking="yes"' in page.text
+    assert url in admin_client.get(reverse("admin:django_dbworker_execution_change",
+                                           args=[e.pk])).text
+    assert url in admin_client.get(reverse("admin:testapp_document_changelist")).text
+
+
+def test_the_dashboard_fragment_and_chart(admin_client):
+    docs = Document.objects.bulk_create([Document() for _ in range(3)])
+    drain("docs")
+    mark_failed(Execution.objects.filter(worker="docs", source_id=str(docs[0].pk)))
+    fragment = admin_client.get(reverse("admin:django_dbworker_dashboard") + "?fragment=1")
+    assert fragment.status_code == 200
+    assert "<html" not in fragment.text and 'data-worker="docs"' in fragment.text
+    assert fragment.text.count('class="dbworker-bar-finished"') >= 1
+    assert "dbworker-bar-failed" in fragment.text

@@ -1,0 +1,171 @@
+"""Rows that come back: rerun_on (a listed column changed, whatever wrote it) and
+rerun_every (a finished row is due again), on every database through real triggers."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import F
+
+from django_dbworker import Coordinator
+from django_dbworker.bridge import Bridge
+from django_dbworker.models import Execution
+from django_dbworker.registry import registry
+from tests.helpers import claim, drain, effects, execution, insert_raw, running_marker, wait_for
+from tests.testapp.models import Article, Link
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finished(title="first", **fields) -> Article:
+    article = Article.objects.create(title=title, **fields)
+    drain("rerun_on_change")
+    assert execution("rerun_on_change", article).status == "finished"
+    return article
+
+
+def test_a_change_by_the_orm_makes_a_finished_row_pending_again():
+    article = finished()
+    article.title = "second"
+    article.save()
+    e = execution("rerun_on_change", article)
+    assert (e.status, e.rerun_reason, e.attempts) == ("pending", "changed: title", 1)
+    drain("rerun_on_change")
+    assert effects("rerun_on_change") == {f"{article.pk}:first": 1, f"{article.pk}:second": 1}
+    e.refresh_from_db()
+    assert (e.status, e.rerun_reason) == ("finished", None)
+
+
+def test_a_change_by_raw_sql_and_by_bulk_update_counts_too():
+    a, b = finished("a"), finished("b")
+    table = connection.ops.quote_name(Article._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET language = %s WHERE id = %s", ["fr", a.pk])
+    b.language, b.title = "de", "b2"
+    Article.objects.bulk_update([b], ["language", "title"])
+    assert execution("rerun_on_change", a).rerun_reason == "changed: language"
+    assert execution("rerun_on_change", b).rerun_reason == "changed: title, language"
+    assert {execution("rerun_on_change", x).status for x in (a, b)} == {"pending"}
+
+
+def test_the_same_value_or_another_column_does_not_rerun():
+    article = finished(language="en")
+    Article.objects.filter(pk=article.pk).update(title=F("title"), language="en")
+    Article.objects.filter(pk=article.pk).update(body="edited")  # not listed
+    assert execution("rerun_on_change", article).status == "finished"
+    assert drain("rerun_on_change")["claimed"] == 0
+    # The handler itself writes `body` on every run: that never brings the row back.
+    assert effects("rerun_on_change") == {f"{article.pk}:first": 1}
+
+
+def test_a_failed_row_whose_data_changed_runs_again():
+    article = Article.objects.create(title="x", behaviour="fail")
+    drain("rerun_on_change")
+    assert execution("rerun_on_change", article).status == "failed"
+    Article.objects.filter(pk=article.pk).update(title="fixed", behaviour="ok")
+    assert execution("rerun_on_change", article).status == "pending"
+    drain("rerun_on_change")
+    assert execution("rerun_on_change", article).status == "finished"
+    assert effects("rerun_on_change") == {f"{article.pk}:fixed": 1}
+
+
+def test_a_change_while_it_runs_makes_it_run_once_more_after_its_commit():
+    article = Article.objects.create(title="old", behaviour="sleep:2")
+    started = running_marker("rerun_on_change", article.pk)
+    coordinator = Coordinator(["rerun_on_change"])
+    coordinator.start()
+    try:
+        wait_for(started.exists, timeout=60)  # the handler runs, with the old title
+        Article.objects.filter(pk=article.pk).update(title="new", behaviour="ok")
+        e = execution("rerun_on_change", article)
+        if connection.vendor == "sqlite":
+            # One writer: the UPDATE waited for the handler's commit, then made it pending.
+            assert e.status in ("pending", "working", "finished")
+        else:
+            assert (e.status, e.rerun_requested) == ("working", True)
+        wait_for(lambda: effects("rerun_on_change").get(f"{article.pk}:new") == 1, timeout=60)
+        wait_for(lambda: execution("rerun_on_change", article).status == "finished", timeout=30)
+    finally:
+        coordinator.stop()
+    assert effects("rerun_on_change") == {f"{article.pk}:old": 1, f"{article.pk}:new": 1}
+    e = execution("rerun_on_change", article)
+    assert (e.rerun_requested, e.status) == (False, "finished")
+
+
+def test_a_row_inserted_by_raw_sql_still_becomes_work():
+    insert_raw(Article, title="raw", body="", behaviour="ok")
+    drain("rerun_on_change")
+    assert set(effects("rerun_on_change")) == {f"{Article.objects.get().pk}:raw"}
+
+
+def test_rerun_every_brings_a_finished_row_back_when_it_is_stale():
+    link = Link.objects.create(url="https://example.com")
+    drain("rerun_stale")
+    e = execution("rerun_stale", link)
+    assert e.status == "finished" and e.next_attempt_at is not None  # waits, out of claims
+    assert e.next_attempt_at - e.finished_at == timedelta(seconds=1)  # rerun_every
+    assert claim("rerun_stale") == []  # not claimable before it is stale
+    time.sleep(1.2)
+    assert drain("rerun_stale")["finished"] == 1
+    link.refresh_from_db()
+    assert link.checks == 2
+    e.refresh_from_db()
+    assert e.status == "finished" and e.rerun_reason is None
+
+
+def test_a_running_coordinator_rechecks_stale_rows_by_itself():
+    link = Link.objects.create(url="https://example.org")
+    coordinator = Coordinator(["rerun_stale"])
+    coordinator.start()
+    try:
+        wait_for(lambda: Link.objects.get(pk=link.pk).checks >= 3, timeout=30, interval=0.1)
+    finally:
+        coordinator.stop()
+    counts = Counter(k.split(":")[0] for k in effects("rerun_stale"))
+    assert counts[str(link.pk)] >= 3
+
+
+def test_stale_rows_are_found_through_the_waiting_index_not_the_history():
+    """100,000 finished rows waiting for rerun_every: the next due time and the due rows
+    come off the waiting index; nothing reads the history."""
+    import os
+
+    n = int(os.environ.get("DBWORKER_EXPLAIN_HISTORY", "100000"))
+    Link.objects.bulk_create([Link(url=f"u{i}") for i in range(n)], batch_size=5000)
+    Execution.objects.filter(worker="rerun_stale").update(
+        status="finished", finished_at="2030-01-01T00:00:00Z",
+        next_attempt_at="2030-01-01T00:00:00Z")
+    analyze = {"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}", "sqlite": "ANALYZE"}
+    with connection.cursor() as cursor:
+        cursor.execute(analyze[connection.vendor].format(
+            connection.ops.quote_name(Execution._meta.db_table)))
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    bridge = Bridge()
+    worker = registry["rerun_stale"]
+    try:
+        plans = []
+        for stmt in (bridge.due_rows(worker), bridge.candidates(worker, 10)[0]):
+            sql = str(stmt.compile(bridge.engine, compile_kwargs={"literal_binds": True}))
+            prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+            plans.append("\n".join(" ".join(map(str, r)) for r in bridge.execute(prefix + sql)))
+        seconds = bridge.seconds_until_due(worker)
+        promoted = bridge.promote_due(worker)
+    finally:
+        bridge.close()
+    print("\n\n".join(plans))
+    assert "dbworker_waiting" in plans[0] and "dbworker_claimable" in plans[1]
+    table = Execution._meta.db_table
+    for plan in plans:
+        if connection.vendor == "postgresql":
+            assert f"Seq Scan on {table}" not in plan and "Sort" not in plan
+        elif connection.vendor == "mysql":
+            assert not any(f" {table} ALL " in f" {line} " for line in plan.splitlines())
+            assert "filesort" not in plan
+        else:
+            assert "TEMP B-TREE" not in plan and f"SCAN {table}" not in plan
+    assert seconds is not None and seconds > 3600 and promoted == 0

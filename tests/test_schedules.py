@@ -1,0 +1,153 @@
+"""Schedules: exactly once per slot across coordinators (a unique constraint, no leader),
+the catch-up policies after downtime, time zones and DST with fixed clocks, and bad
+declarations as system check errors."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.checks import run_checks
+from django.test import override_settings
+
+from django_dbworker.models import ScheduleSlot, Task
+from django_dbworker.schedules import Schedule, Scheduler, periodic
+from tests.helpers import runworkers, settings_module, wait_for
+from tests.processes import Output
+
+T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def every_second(catch_up="latest", name="tick") -> Schedule:
+    return Schedule(name=name, task_path="tests.testapp.tasks.record", every=timedelta(seconds=1),
+                    args=[name], catch_up=catch_up)
+
+
+# -- slot arithmetic, fixed clocks (no database) -----------------------------------------------
+@pytest.mark.parametrize("catch_up,now,expected", [
+    ("latest", T0 + timedelta(seconds=5.5), [5]),
+    ("all", T0 + timedelta(seconds=5.5), [1, 2, 3, 4, 5]),
+    ("skip", T0 + timedelta(seconds=5.4), [5]),  # 0.4 s late: on time (< half the gap)
+    ("skip", T0 + timedelta(seconds=5.6), []),   # 0.6 s late: missed, skipped
+    ("latest", T0 + timedelta(seconds=0.5), []),  # nothing due yet
+])
+def test_catch_up_policies_after_downtime(catch_up, now, expected):
+    assert every_second(catch_up).due(T0, now) == [T0 + timedelta(seconds=s) for s in expected]
+
+
+def berlin(*args) -> datetime:
+    return datetime(*args, tzinfo=BERLIN).astimezone(UTC)
+
+
+@override_settings(TIME_ZONE="Europe/Berlin")
+def test_cron_follows_the_time_zone_and_dst_the_way_cronsim_does():
+    nightly = Schedule(name="n", task_path="x.y", cron="30 2 * * *", catch_up="all")
+    # Spring forward (29 March 2026: 02:00 -> 03:00): the skipped 02:30 runs at 03:00.
+    assert nightly.due(berlin(2026, 3, 28, 2, 30), berlin(2026, 3, 30, 12, 0)) == [
+        berlin(2026, 3, 29, 3, 0), berlin(2026, 3, 30, 2, 30)]
+    # Fall back (25 October 2026: 03:00 -> 02:00): the repeated 02:30 runs once.
+    slots = nightly.due(berlin(2026, 10, 24, 2, 30), berlin(2026, 10, 26, 12, 0))
+    assert len(slots) == 2 and slots[1] == berlin(2026, 10, 26, 2, 30)
+    assert slots[0].astimezone(BERLIN).hour == 2
+    # 02:30 in Berlin is 00:30 UTC in summer: the slots are stored in UTC.
+    assert nightly.next_slot(berlin(2026, 7, 1, 0, 0)) == datetime(2026, 7, 1, 0, 30, tzinfo=UTC)
+
+
+# -- exactly once, through the database ------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("catch_up,missed", [("latest", 1), ("all", 5), ("skip", 0)])
+def test_a_coordinator_back_after_five_slots_follows_the_policy(catch_up, missed):
+    scheduler = Scheduler("default")
+    scheduler.schedules = {"tick": every_second(catch_up)}
+    assert scheduler.run(T0 + timedelta(seconds=0.1)) == 0  # first sight: history starts
+    assert scheduler.run(T0 + timedelta(seconds=1.1)) == 1
+    assert scheduler.run(T0 + timedelta(seconds=2.1)) == 1
+    # Down from 2.1 s to 7.8 s: slots 3-7 pass unseen.
+    assert scheduler.run(T0 + timedelta(seconds=7.8)) == missed
+    enqueued = sorted(ScheduleSlot.objects.filter(schedule="tick", task__isnull=False)
+                      .values_list("slot", flat=True))
+    expected = {"latest": [1, 2, 7], "all": [1, 2, 3, 4, 5, 6, 7], "skip": [1, 2]}[catch_up]
+    assert enqueued == [T0 + timedelta(seconds=s) for s in expected]
+    assert Task.objects.count() == len(expected)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_schedulers_at_the_same_slot_enqueue_it_once():
+    first, second = Scheduler("default"), Scheduler("default")
+    for s in (first, second):
+        s.schedules = {"tick": every_second()}
+    first.run(T0)
+    assert first.run(T0 + timedelta(seconds=1.5)) + second.run(T0 + timedelta(seconds=1.5)) == 1
+    assert Task.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_four_coordinators_over_twenty_slots_enqueue_exactly_twenty(tmp_path):
+    env = settings_module(tmp_path, """
+        DBWORKER = {**DBWORKER, "SCHEDULES": {"tick": {
+            "task": "tests.testapp.tasks.record", "args": ["tick"], "every": 1}}}
+    """)
+    procs = [runworkers("--worker", "docs", "--concurrency", "docs=1", env=env) for _ in range(4)]
+    outputs = [Output(p) for p in procs]
+    try:
+        wait_for(lambda: ScheduleSlot.objects.filter(task__isnull=False).count() >= 22,
+                 timeout=120, interval=0.2)
+    finally:
+        for p in procs:
+            p.terminate()
+        codes = [o.wait(timeout=60) for o in outputs]
+    assert codes == [0, 0, 0, 0], [o.err[-2000:] for o in outputs]
+    slots = list(ScheduleSlot.objects.filter(schedule="tick", task__isnull=False)
+                 .order_by("slot").values_list("slot", "task_id"))
+    window = slots[1:21]  # 20 consecutive slots, past the first one (start-up)
+    assert [b[0] - a[0] for a, b in zip(window, window[1:], strict=False)] == [timedelta(seconds=1)] * 19
+    tasks = Task.objects.filter(pk__in=[t for _, t in window])
+    assert tasks.count() == 20  # one task per slot: 20 enqueues, none twice
+    enqueuers = [o.err.count("Schedule tick: enqueued") for o in outputs]
+    assert sum(enqueuers) == len(slots) and sum(1 for n in enqueuers if n) >= 2, enqueuers
+    print(f"\nslots enqueued per coordinator: {enqueuers}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_schedules_enqueues_nothing(tmp_path):
+    env = settings_module(tmp_path, """
+        DBWORKER = {**DBWORKER, "SCHEDULES": {"tick": {
+            "task": "tests.testapp.tasks.record", "args": ["tick"], "every": 1}}}
+    """)
+    proc = runworkers("--worker", "docs", "--no-schedules", env=env)
+    output = Output(proc)
+    wait_for(lambda: "django-dbworker coordinator" in output.err, timeout=60)
+    time.sleep(2.5)
+    proc.terminate()
+    assert output.wait(timeout=60) == 0
+    assert not ScheduleSlot.objects.exists()
+
+
+# -- bad declarations -----------------------------------------------------------------------
+@pytest.mark.parametrize("spec,message", [
+    ({"task": "tests.testapp.tasks.record", "cron": "61 * * * *"}, "is not a cron expression"),
+    ({"task": "tests.testapp.tasks.nope", "every": 5}, "cannot be imported"),
+    ({"task": "tests.testapp.tasks.record", "every": 5, "cron": "* * * * *"}, "not both"),
+    ({"task": "tests.testapp.tasks.record"}, "either cron"),
+    ({"task": "tests.testapp.tasks.record", "every": 5, "catch_up": "some"}, "catch_up must be"),
+    ({"task": "tests.testapp.models.Effect", "every": 5}, "is not a task"),
+])
+def test_a_bad_schedule_is_a_system_check_error_naming_the_fix(spec, message):
+    from django.conf import settings
+
+    with override_settings(DBWORKER={**settings.DBWORKER, "SCHEDULES": {"bad": spec}}):
+        errors = [e for e in run_checks() if e.id.startswith("django_dbworker.")]
+    assert [e.id for e in errors] == ["django_dbworker.E031"]
+    assert message in errors[0].msg and "'bad'" in errors[0].msg
+
+
+def test_periodic_refuses_a_bad_cron_at_declaration():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from tests.testapp.tasks import record
+
+    with pytest.raises(ImproperlyConfigured, match="is not a cron expression"):
+        periodic(cron="every day")(record)

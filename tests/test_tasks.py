@@ -1,0 +1,414 @@
+"""The django.tasks backend, end to end on every database through real children: the
+contract as Django documents it, and what only a database that is also the queue gives."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import socket
+import time
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_dbworker import Coordinator
+from django_dbworker.models import Execution, Task
+from django_dbworker.tasks.compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+)
+from tests.helpers import busy_machine, drain, effects, runworkers, wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Author, Effect, SignalSeen
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DEFAULT = "tasks.default.default"
+
+
+def executions(result):
+    return Execution.objects.get(source_id__in=[str(result.id), result.id.replace("-", "")])
+
+
+def run(*queues: str, **overrides):
+    return drain(*(queues or (DEFAULT,)), **overrides)
+
+
+# -- the contract ----------------------------------------------------------------------------
+def test_the_flags_tell_the_truth():
+    backend = task_backends["default"]
+    assert (backend.supports_defer, backend.supports_priority, backend.supports_get_result,
+            backend.supports_async_task) == (True, True, True, True)
+
+
+def test_enqueue_returns_a_ready_result_and_the_row_becomes_work():
+    result = tasks.add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY and result.enqueued_at is not None
+    assert result.args == [2, 3] and result.kwargs == {} and result.backend == "default"
+    assert result.worker_ids == [] and result.attempts == 0 and not result.is_finished
+    with pytest.raises(ValueError, match="not finished"):
+        _ = result.return_value
+    e = executions(result)
+    assert (e.worker, e.status) == (DEFAULT, "pending")  # made by the trigger
+    stats = run()
+    assert stats["finished"] == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
+    assert result.started_at and result.last_attempted_at and result.finished_at
+    assert result.started_at <= result.finished_at
+    # One attempt, by this process's coordinator (host:pid, as claimed_by says).
+    assert result.attempts == 1 and result.worker_ids == [f"{socket.gethostname()}:{os.getpid()}"]
+    again = tasks.add.get_result(result.id)
+    assert again.return_value == 5 and again.status == TaskResultStatus.SUCCESSFUL
+    assert effects("task.add") == {"2+3": 1}
+
+
+@pytest.mark.parametrize("value", [
+    [1, "two", None, True, {"a": [1.5]}],
+    {"nested": {"list": [1, 2], "none": None}},
+])
+def test_arguments_and_return_values_round_trip_through_json(value):
+    result = tasks.echo.enqueue(value, key=value)
+    run()
+    result.refresh()
+    assert result.return_value == {"args": [value], "kwargs": {"key": value}}
+    assert tasks.echo.get_result(result.id).args == [value]
+
+
+def test_arguments_that_are_not_json_are_refused_at_enqueue():
+    with pytest.raises(TypeError, match="must round-trip through JSON"):
+        tasks.echo.enqueue(object())
+    with pytest.raises(TypeError, match="must round-trip through JSON"):
+        tasks.echo.enqueue(when=timezone.now())
+    assert not Task.objects.exists()
+
+
+def test_a_return_value_that_is_not_json_is_a_failure_saying_so():
+    result = tasks.not_json.enqueue()
+    run()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.TypeError" and "not JSON" in error.traceback
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"priority": 101}, "priority must be a whole number"),
+    ({"queue_name": "nope"}, "Queue 'nope' is not valid"),
+    ({"run_after": dt.datetime(2030, 1, 1)}, "run_after must be an aware datetime"),
+])
+def test_invalid_tasks_are_refused(change, message):
+    with pytest.raises(InvalidTask, match=message):
+        tasks.add.using(**change).enqueue(1, 2)
+    assert not Task.objects.exists()
+
+
+def test_a_failure_records_the_class_path_and_traceback_and_rolls_back():
+    result = tasks.fail.enqueue("broken")
+    run()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.finished_at
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert "ValueError: broken" in error.traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = result.return_value
+    assert effects("task.fail") == {}  # the task's write rolled back with it
+
+
+def test_a_commit_inside_a_task_is_a_failure_naming_the_fix():
+    result = tasks.commit_inside.enqueue()
+    run()
+    assert executions(result).status == "failed"
+    assert "Don't commit in a handler" in executions(result).error_message
+
+
+def test_get_result_of_an_unknown_id():
+    for bad in ["00000000-0000-0000-0000-000000000000", "not-a-uuid"]:
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(bad)
+
+
+def test_retries_with_context_count_attempts():
+    result = tasks.flaky.enqueue("k", succeed_on=3)
+    for _ in range(20):
+        run("tasks.default.retries")
+        result.refresh()
+        if result.is_finished:
+            break
+        time.sleep(0.05)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3
+    assert result.attempts == 3 and len(result.worker_ids) == 3
+    assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"] * 2
+    assert effects("task.flaky") == {"k:3": 1}  # the failed attempts' writes rolled back
+
+
+def test_async_tasks_run_in_the_child():
+    result = tasks.async_add.enqueue(20, 22)
+    run()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 42
+    assert effects("task.async_add") == {"20+22": 1}
+
+
+def test_signals_are_sent_by_the_enqueuing_process_and_the_child():
+    result = tasks.add.enqueue(1, 1)
+    run()
+    rows = {k: list(SignalSeen.objects.filter(kind=k).values_list("key", "pid"))
+            for k in ("enqueued", "started", "finished")}
+    assert rows["enqueued"] == [(f"{result.id}:READY", os.getpid())]
+    [(started, child_pid)] = rows["started"]
+    assert started == f"{result.id}:RUNNING" and child_pid != os.getpid()
+    assert rows["finished"] == [(f"{result.id}:SUCCESSFUL", child_pid)]
+
+
+def test_other_backends_and_queues_are_workers_of_their_own():
+    result = tasks.add.using(backend="other").enqueue(3, 4)
+    email = tasks.add.using(queue_name="emails").enqueue(5, 6)
+    assert executions(result).worker == "tasks.other.default"
+    assert executions(email).worker == "tasks.default.emails"
+    assert run()["claimed"] == 0  # the default queue has none of them
+    run("tasks.other.default", "tasks.default.emails")
+    assert task_backends["other"].get_result(result.id).return_value == 7
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(result.id)  # another backend's task
+
+
+# -- transactional enqueue --------------------------------------------------------------------
+def test_an_enqueue_rolled_back_with_the_caller_leaves_nothing():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Author.objects.create(name="rolled back")
+        tasks.add.enqueue(1, 2)
+        raise RuntimeError("the request fails")
+    assert not Task.objects.exists() and not Execution.objects.filter(worker=DEFAULT).exists()
+    assert run()["claimed"] == 0
+
+
+def test_an_enqueue_commits_with_the_caller():
+    with transaction.atomic():
+        author = Author.objects.create(name="kept")
+        result = tasks.add.enqueue(author.pk, 1)
+        # Not claimable before the commit: other connections do not see it yet.
+        assert Task.objects.filter(pk=result.id).exists()
+    run()
+    assert tasks.add.get_result(result.id).return_value == author.pk + 1
+
+
+def test_a_task_enqueued_by_a_row_handler_commits_with_the_handlers_writes():
+    ok = Author.objects.create(name="enqueue")
+    failing = Author.objects.create(name="enqueue-and-fail")
+    drain("enqueuer")
+    assert effects("enqueuer") == {str(ok.pk): 1}
+    assert list(Task.objects.values_list("args", flat=True)) == [[f"from-author-{ok.pk}"]]
+    run()
+    assert effects("task.record") == {f"from-author-{ok.pk}": 1}
+    del failing
+
+
+# -- order: priority and run_after ------------------------------------------------------------
+def test_higher_priority_runs_first_then_enqueue_order():
+    import random
+
+    rng = random.Random(5)
+    wanted = []
+    for i in range(30):
+        priority = rng.choice([-100, -5, 0, 0, 7, 100])
+        tasks.ordered.using(priority=priority).enqueue(i)
+        wanted.append((-priority, i))
+    run(concurrency=1)
+    order = [int(k) for k in Effect.objects.filter(worker="task.ordered").order_by("id")
+             .values_list("source_id", flat=True)]
+    assert order == [i for _, i in sorted(wanted)]
+
+
+def test_a_deferred_task_runs_not_before_its_run_after():
+    later = tasks.add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(1, 2)
+    soon = tasks.add.using(run_after=timezone.now() + dt.timedelta(seconds=2)).enqueue(3, 4)
+    now = tasks.add.enqueue(5, 6)
+    deadline = time.monotonic() + 60
+    while not tasks.add.get_result(soon.id).is_finished:
+        assert time.monotonic() < deadline
+        run()
+    assert tasks.add.get_result(now.id).status == TaskResultStatus.SUCCESSFUL
+    finished = tasks.add.get_result(soon.id)
+    assert finished.status == TaskResultStatus.SUCCESSFUL
+    assert finished.started_at >= soon.task.run_after  # not before its time
+    assert tasks.add.get_result(later.id).status == TaskResultStatus.READY
+
+
+def test_a_running_coordinator_starts_a_deferred_task_at_its_time_by_itself():
+    coordinator = Coordinator([DEFAULT])
+    coordinator.start()
+    try:
+        time.sleep(0.5)  # idle: it knows of nothing due
+        due = timezone.now() + dt.timedelta(seconds=1.5)
+        result = tasks.add.using(run_after=due).enqueue(7, 8)
+        wait_for(lambda: tasks.add.get_result(result.id).is_finished, timeout=30, interval=0.05)
+    finally:
+        coordinator.stop()
+    assert tasks.add.get_result(result.id).started_at >= due
+
+
+# -- failures, crashes, timeouts --------------------------------------------------------------
+def test_a_task_past_its_queues_timeout_fails_with_the_timeout_in_its_errors():
+    result = tasks.hang.enqueue("slow")
+    run("tasks.default.emails")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.TimeoutError"]
+    assert effects("task.hang") == {}
+
+
+def test_a_killed_child_never_loses_a_task():
+    result = tasks.record.enqueue("crash", sleep=1.5)
+    from tests.testapp.workers import pid_file
+
+    marker = pid_file("task.record", "crash")
+    marker.unlink(missing_ok=True)
+    coordinator = Coordinator([DEFAULT], concurrency=1)
+    coordinator.start()
+    try:
+        wait_for(marker.exists, timeout=60)
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        marker.unlink()
+        wait_for(lambda: tasks.record.get_result(result.id).is_finished, timeout=60)
+    finally:
+        coordinator.stop()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 2
+    assert effects("task.record") == {"crash": 1}
+
+
+def test_a_killed_coordinator_never_loses_a_task():
+    result = tasks.record.enqueue("killed", sleep=30)
+    from tests.testapp.workers import pid_file
+
+    marker = pid_file("task.record", "killed")
+    marker.unlink(missing_ok=True)
+    proc = runworkers("--queue", "default")
+    wait_for(marker.exists, timeout=60)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert executions(result).status == "working"
+    Task.objects.filter(pk=result.id).update(kwargs={"sleep": 0})
+    wait_for(lambda: run()["finished"] == 1, timeout=60, interval=0.5)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 2
+    assert effects("task.record") == {"killed": 1}
+
+
+def test_two_coordinators_run_a_thousand_tasks_none_twice():
+    n = 1000
+    with transaction.atomic():
+        for i in range(n):
+            tasks.record.enqueue(i)
+    with busy_machine(1):
+        procs = [runworkers("--drain", "--queue", "default") for _ in range(2)]
+        outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert effects("task.record") == {str(i): 1 for i in range(n)}
+    claimed = [int(o.split("claimed ")[1].split(",")[0]) for o, _ in outs]
+    assert sum(claimed) == n and all(c > 0 for c in claimed), claimed
+
+
+# -- retention and the admin ------------------------------------------------------------------
+def test_prune_deletes_old_ended_tasks_and_nothing_else(capsys):
+    done, failed, waiting = tasks.add.enqueue(1, 1), tasks.fail.enqueue("x"), None
+    run()
+    waiting = tasks.add.using(run_after=timezone.now() + dt.timedelta(days=9)).enqueue(2, 2)
+    long_ago = timezone.now() - dt.timedelta(days=40)
+    Task.objects.filter(pk__in=[done.id, failed.id, waiting.id]).update(enqueued_at=long_ago)
+    Task.objects.filter(pk__in=[done.id, failed.id]).update(finished_at=long_ago)
+    Execution.objects.filter(worker=DEFAULT, status__in=["finished", "failed"]).update(
+        finished_at=long_ago)
+    call_command("prune_tasks", "--older-than", "30", "--dry-run")
+    assert "Would delete 2 task(s)" in capsys.readouterr().out
+    assert Task.objects.count() == 3
+    call_command("prune_tasks", "--older-than", "30")
+    assert "Deleted 2 task(s)" in capsys.readouterr().out
+    assert list(Task.objects.values_list("pk", flat=True)) == [_uuid(waiting.id)]
+    # Nothing dangling: the deleted tasks' executions went with them.
+    assert Execution.objects.filter(worker=DEFAULT).count() == 1
+
+
+def _uuid(text):
+    import uuid
+
+    return uuid.UUID(text)
+
+
+def test_admin_actions_need_the_change_permission(admin_client, client, django_user_model):
+    from django.contrib.auth.models import Permission
+    from django.urls import reverse
+
+    failed, done = tasks.fail.enqueue("admin"), tasks.add.enqueue(1, 2)
+    run()
+    url = reverse("admin:django_dbworker_task_changelist")
+    page = admin_client.get(url)
+    assert page.status_code == 200 and "dbworker-status--failed" in page.text
+    assert admin_client.get(reverse("admin:django_dbworker_task_change", args=[failed.id])).status_code == 200
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_task"))
+    client.force_login(viewer)
+    assert client.get(url).context["action_form"] is None
+    client.post(url, {"action": "retry_failed", "_selected_action": [failed.id]})
+    assert executions(failed).status == "failed"
+    response = admin_client.post(url, {"action": "retry_failed",
+                                       "_selected_action": [failed.id, done.id]}, follow=True)
+    assert "Retried failed tasks: 1 changed, 1 skipped (not failed)." in response.text
+    assert executions(failed).status == "unfinished"
+    assert LogEntry.objects.filter(change_message="Retried failed task.").count() == 1
+    admin_client.post(url, {"action": "run_again", "_selected_action": [done.id]})
+    assert executions(done).status == "unfinished"
+
+
+# -- claim cost ---------------------------------------------------------------------------------
+def test_the_claim_plan_reads_the_priority_index_not_the_backlog_or_history():
+    """100,000 ready tasks of mixed priorities and 20,000 finished ones: the claim reads
+    the first rows of the claimable index in (priority, id) order, sorting nothing."""
+    import random
+
+    from django_dbworker.bridge import Bridge
+    from django_dbworker.registry import registry
+
+    rng = random.Random(1)
+    ready = int(os.environ.get("DBWORKER_EXPLAIN_BACKLOG", "100000"))
+    rows = [Task(backend="default", queue_name="default", task_path="tests.testapp.tasks.add",
+                 priority=rng.randrange(-100, 101), args=[1, 2]) for _ in range(ready + 20_000)]
+    Task.objects.bulk_create(rows, batch_size=5000)
+    done = list(Execution.objects.filter(worker=DEFAULT).order_by("id")
+                .values_list("id", flat=True)[:20_000])
+    for i in range(0, len(done), 10_000):
+        Execution.objects.filter(id__in=done[i:i + 10_000]).update(status="finished")
+    with connection.cursor() as cursor:
+        for table in (Execution._meta.db_table, Task._meta.db_table):
+            cursor.execute({"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}",
+                            "sqlite": "ANALYZE"}[connection.vendor].format(
+                connection.ops.quote_name(table)))
+            if connection.vendor == "mysql":
+                cursor.fetchall()
+    expected = list(Execution.objects.filter(worker=DEFAULT, status="pending")
+                    .order_by("-priority", "id").values_list("id", flat=True)[:32])
+    bridge = Bridge()
+    try:
+        sql = bridge.claim_sql(registry[DEFAULT], 32)
+        prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+        plan = "\n".join(" ".join(str(c) for c in r) for r in bridge.execute(prefix + sql))
+        claims = bridge.claim(registry[DEFAULT], 32, "test:plan")
+    finally:
+        bridge.close()
+    print(plan)
+    assert "dbworker_claimable_priority" in plan
+    if connection.vendor == "postgresql":
+        assert "Sort" not in plan and "Seq Scan" not in plan
+    elif connection.vendor == "mysql":
+        assert "filesort" not in plan and "temporary" not in plan
+    else:
+        assert "TEMP B-TREE" not in plan
+    assert [c.execution_id for c in claims] == expected  # the 32 first, in claim order

@@ -1,0 +1,86 @@
+"""django.tasks tasks the tests enqueue (children import them by path)."""
+
+import asyncio
+import os
+import time
+
+from django.db import transaction
+
+from .models import Effect
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
+
+def effect(name: str, key) -> None:
+    Effect.objects.create(worker=name, source_id=str(key), pid=os.getpid())
+
+
+@task()
+def add(a, b):
+    effect("task.add", f"{a}+{b}")
+    return a + b
+
+
+@task()
+def echo(*args, **kwargs):
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task()
+def fail(message):
+    effect("task.fail", message)  # rolled back with the failure
+    raise ValueError(message)
+
+
+@task(queue_name="retries", takes_context=True)
+def flaky(context, key, succeed_on):
+    """Fails until attempt ``succeed_on``; records the attempt it saw."""
+    effect("task.flaky", f"{key}:{context.attempt}")
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task()
+def not_json():
+    return object()
+
+
+@task()
+def record(key, sleep=0.0):
+    if sleep:
+        from .workers import pid_file
+
+        pid_file("task.record", key).write_text(str(os.getpid()))
+        time.sleep(sleep)
+    effect("task.record", key)
+    return key
+
+
+@task(queue_name="emails")
+def hang(key):
+    effect("task.hang", key)
+    time.sleep(120)
+
+
+@task()
+async def async_add(a, b):
+    await asyncio.sleep(0.01)
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(effect)("task.async_add", f"{a}+{b}")
+    return a + b
+
+
+@task()
+def commit_inside():
+    transaction.commit()
+
+
+@task(priority=0)
+def ordered(key):
+    effect("task.ordered", key)
+    return key
