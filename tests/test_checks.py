@@ -22,9 +22,24 @@ def test_defaults_pass():
     ({"POLL_SECONDS": 5, "MAX_POLL_SECONDS": 1}, ["django_dbworker.E005"]),
     ({"WORKER_MODULES": "app.workers"}, ["django_dbworker.E006"]),
     ({"ENGINE_OPTIONS": []}, ["django_dbworker.E007"]),
+    ({"PROBE_SECONDS": 0}, ["django_dbworker.E004"]),
+    # A failpoint without its marker would make every child die after each commit.
+    ({"FAILPOINT": "child.after_commit"}, ["django_dbworker.E011"]),
+    ({"FAILPOINT": "no.such_point:/tmp/m"}, ["django_dbworker.E011"]),
+    ({"IDENTITY": ""}, ["django_dbworker.E012"]),
+    ({"IDENTITY": 42}, ["django_dbworker.E012"]),
+    ({"LISTEN_DATABASE": "direct"}, ["django_dbworker.E013"]),
+    ({"SCHEDULES": ["nightly"]}, ["django_dbworker.E030"]),
+    ({"SCHEDULES": {"n": {"task": "tests.testapp.tasks.add", "cron": "61 * * * *"}}},
+     ["django_dbworker.E031"]),
 ])
 def test_invalid_settings_have_ids_and_hints(value, expected):
     assert ids(DBWORKER=value) == expected
+
+
+def test_a_well_formed_failpoint_identity_and_listen_alias_pass():
+    assert ids(DBWORKER={"FAILPOINT": "child.before_commit:/tmp/marker",
+                         "IDENTITY": "pod-7", "LISTEN_DATABASE": "default"}) == []
 
 
 def test_small_poll_values_are_allowed():
