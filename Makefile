@@ -47,6 +47,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python example_project/demo.py
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -r benchmarks/requirements.txt
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 clean:

@@ -24,60 +24,105 @@ def num(v: Any, digits: int = 0) -> str:
     return f"{v:,.{digits}f}"
 
 
-def tables(report: dict[str, Any]) -> str:
-    s, cfg, m = report["summary"], report["config"], report["machine"]
-    servers = report.get("servers", {})
-    out = [
-        f"Run of {report['date']}, `{report['mode']}` mode, medians of "
-        f"{cfg['repeats']} (JSON: `benchmarks/results/latest.json`).",
-        "",
+def mb(v: Any) -> str:
+    return "-" if v is None else f"{v:,.0f} MB"
+
+
+def peers(cfg: dict[str, Any]) -> list[str]:
+    """How each system was run (config.peers of the JSON), as a list."""
+    how = cfg.get("peers") or {}
+    return [*(f"- {name}: {text}" for name, text in how.items()), ""] if how else []
+
+
+def tables(report: dict[str, Any], source: str = "benchmarks/results/latest.json") -> str:
+    s, cfg = report["summary"], report["config"]
+    out = [f"Run of {report['date']}, `{report['mode']}` mode, medians of {cfg['repeats']} "
+           f"(JSON: `{source}`).", "", machine_line(report), ""]
+    if cfg.get("peers"):
+        out += ["How each system ran:", "", *peers(cfg)]
+    for section, table in (("drain", drain_table), ("pickup", pickup_table),
+                           ("history", history_table), ("scale_out", scale_table),
+                           ("memory", memory_table)):
+        if s.get(section):  # a partial run (--only) has only some
+            out += [*table(s[section], cfg), ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    m, servers = report["machine"], report.get("servers", {})
+    return (
         f"Machine: {m.get('cpus')} vCPU {m.get('cpu', '')}, {m.get('mem_gb')} GB, "
         f"Python {m.get('python')}, Django {m.get('django')}, "
         f"PostgreSQL {servers.get('postgres', '?').split(' on ')[0].replace('PostgreSQL ', '')}, "
         f"MariaDB {servers.get('mysql', '?').split('-')[0]}, SQLite {servers.get('sqlite', '?')}, "
-        f"Celery {m.get('celery')}; load average at start "
-        f"{', '.join(f'{x:.1f}' for x in m.get('loadavg_at_start', []))}.",
-        "",
-        f"**Drain** ({cfg['drain_jobs']:,} jobs queued before the workers start, concurrency 2)",
-        "",
-        "| system | jobs/s | runs | coordinator RSS | child RSS |",
-        "|---|---:|---|---:|---:|",
-    ]
-    for name, row in s["drain"].items():
+        f"Celery {m.get('celery', '-')}, Procrastinate {m.get('procrastinate', '-')}, "
+        f"django-tasks-db {m.get('django-tasks-db', '-')}; load average at start "
+        f"{', '.join(f'{x:.1f}' for x in m.get('loadavg_at_start', []))}.")
+
+
+def drain_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    out = [f"**Drain** ({cfg['drain_jobs']:,} jobs queued before the workers start, "
+           "concurrency 2; *of ceiling*: jobs/s as a fraction of the same database's "
+           "*no queue, 16 jobs/transaction* row)", "",
+           "| system | jobs/s | of ceiling | runs | ran twice | coordinator RSS | child RSS |",
+           "|---|---:|---:|---|---:|---:|---:|"]
+    for name, row in rows.items():
+        if row.get("not_run"):
+            out.append(f"| {name} | {row['not_run']} | | | | | |")
+            continue
         runs = " / ".join(num(x) for x in row["all_jobs_per_s"])
-        out.append(f"| {name} | {num(row['jobs_per_s'])} | {runs} | "
-                   f"{num(row.get('coordinator_mb'))} MB | {num(row.get('child_mb'))} MB |")
-    out += ["", f"**Pickup** ({cfg['pickup_samples']} single inserts into warm idle workers; "
-                "row committed -> handler starts)", "",
-            "| system | p50 | p95 | max | idle CPU |", "|---|---:|---:|---:|---:|"]
-    for name, row in s["pickup"].items():
+        share = row.get("of_ceiling")
+        out.append(f"| {name} | {num(row['jobs_per_s'])} | "
+                   f"{'-' if share is None else f'{share:.2f}x'} | {runs} | "
+                   f"{row['duplicates']} | {mb(row.get('coordinator_mb'))} | "
+                   f"{mb(row.get('child_mb'))} |")
+    return out
+
+
+def pickup_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    out = [f"**Pickup** ({cfg['pickup_samples']} single inserts into warm idle workers; "
+           "row committed -> handler starts)", "",
+           "| system | p50 | p95 | max | idle CPU |", "|---|---:|---:|---:|---:|"]
+    for name, row in rows.items():
+        if row.get("not_run"):
+            out.append(f"| {name} | {row['not_run']} | | | |")
+            continue
         out.append(f"| {name} | {num(row['p50_ms'], 1)} ms | {num(row['p95_ms'], 1)} ms | "
                    f"{num(row['max_ms'], 1)} ms | {num(row['idle_cpu_percent'], 1)} % |")
-    out += ["", f"**History** ({cfg['history_new']:,} new rows drained with "
-                f"{cfg['history_rows']:,} finished rows in history vs none)", "",
-            "| database / worker | empty, jobs/s | with history, jobs/s | ratio |",
-            "|---|---:|---:|---:|"]
-    for name, row in s["history"].items():
+    return out
+
+
+def history_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    out = [f"**History** ({cfg['history_new']:,} new rows drained with "
+           f"{cfg['history_rows']:,} finished rows in history vs none)", "",
+           "| database / worker | empty, jobs/s | with history, jobs/s | ratio |",
+           "|---|---:|---:|---:|"]
+    for name, row in rows.items():
         out.append(f"| {name} | {num(row['empty'])} | {num(row['history'])} | "
                    f"{num(row['ratio'], 2)} |")
-    out += ["", f"**Scale-out** on PostgreSQL ({cfg['scale_jobs']:,} jobs, N warm `runworkers` "
-                "processes, concurrency 2 each)", "",
-            "| processes | jobs/s | ran twice | finished | machine CPU busy |",
-            "|---|---:|---:|---:|---:|"]
-    for name, row in s["scale_out"].items():
+    return out
+
+
+def scale_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    out = [f"**Scale-out** on PostgreSQL ({cfg['scale_jobs']:,} jobs, N warm `runworkers` "
+           "processes, concurrency 2 each)", "",
+           "| processes | jobs/s | ran twice | finished | machine CPU busy |",
+           "|---|---:|---:|---:|---:|"]
+    for name, row in rows.items():
         out.append(f"| {name.split()[0]} | {num(row['jobs_per_s'])} | {row['duplicates']} | "
                    f"{num(row['finished'])} | {num(row.get('cpu_busy_percent'))} % |")
-    if s.get("memory"):
-        mem = s["memory"]
-        out += ["", f"**Memory** over one drain of {cfg.get('memory_jobs', 0):,} jobs on "
-                    f"PostgreSQL ({num(mem['jobs_per_s'])} jobs/s, {mem['duplicates']} ran twice)",
-                "", "| process | RSS 10-20 % into the run | RSS at the end | growth |",
-                "|---|---:|---:|---:|",
-                f"| coordinator | {mem['coordinator_mb_early']} MB | {mem['coordinator_mb_end']} MB"
-                f" | {mem['coordinator_growth_mb']} MB |",
-                f"| largest child | {mem['child_mb_early']} MB | {mem['child_mb_end']} MB | "
-                f"{mem['child_growth_mb']} MB |"]
-    return "\n".join(out) + "\n"
+    return out
+
+
+def memory_table(mem: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    return [f"**Memory** over one drain of {cfg.get('memory_jobs', 0):,} jobs on "
+            f"PostgreSQL ({num(mem['jobs_per_s'])} jobs/s, {mem['duplicates']} ran twice)",
+            "", "| process | RSS 10-20 % into the run | RSS at the end | growth |",
+            "|---|---:|---:|---:|",
+            f"| coordinator | {mem['coordinator_mb_early']} MB | {mem['coordinator_mb_end']} MB"
+            f" | {mem['coordinator_growth_mb']} MB |",
+            f"| largest child | {mem['child_mb_early']} MB | {mem['child_mb_end']} MB | "
+            f"{mem['child_growth_mb']} MB |"]
 
 
 def main() -> int:
@@ -85,7 +130,9 @@ def main() -> int:
     parser.add_argument("json", nargs="?", default=str(HERE / "results" / "latest.json"))
     parser.add_argument("--write", action="store_true", help=f"update {DOC.name}")
     args = parser.parse_args()
-    text = tables(json.loads(Path(args.json).read_text()))
+    path = Path(args.json).resolve()
+    source = path.relative_to(HERE.parent) if path.is_relative_to(HERE.parent) else path
+    text = tables(json.loads(path.read_text()), str(source))
     if not args.write:
         print(text)
         return 0

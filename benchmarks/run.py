@@ -1,17 +1,21 @@
 #!/usr/bin/env python
-"""django-dbworker benchmark, side by side with Celery + Redis, in one run.
+"""django-dbworker benchmark, side by side with its peers, in one run.
 
     python benchmarks/run.py            # full: medians of 3, 5,000-job drains
-    python benchmarks/run.py --quick    # < 2 minutes: fewer jobs, one repeat
-    make bench ARGS=--quick
+    python benchmarks/run.py --quick    # fewer jobs, one repeat (a smoke test)
+    make bench                          # installs benchmarks/requirements.txt first
 
-Scenarios (see benchmarks/README.md for the method): drain throughput (5,000 jobs queued
-before the workers start) on PostgreSQL, MariaDB/MySQL and SQLite plus Celery on
-PostgreSQL; pickup latency (row committed -> handler starts, warm idle workers) and idle
-CPU; history ratio (1,000 new rows with 100,000 finished rows in history vs none, default
-ordering and a filtered/ordered eligible()); scale-out (1, 2, 4 `runworkers --drain`
-processes on PostgreSQL, duplicates checked); RSS of coordinator and children.
-Prints a table and writes benchmarks/results/<date>.json and results/latest.json.
+Scenarios (see docs/benchmarks.md and benchmarks/README.md for the method): drain
+throughput (N jobs queued before the workers start) on PostgreSQL, MariaDB/MySQL and
+SQLite, against a no-queue ceiling (the job's own work in 2 plain processes, 16 or 1 jobs
+per transaction) on each, and on PostgreSQL the peers: Celery + Redis (CELERY_DB_REUSE_MAX
+set), our django.tasks backend, Procrastinate, django-tasks-db (each optional: "not run"
+when its package is missing); pickup latency (row committed -> handler starts, warm idle
+workers) and idle CPU; history ratio (1,000 new rows with 100,000 finished rows in history
+vs none, default ordering and a filtered/ordered eligible()); scale-out (1, 2, 4
+`runworkers` processes on PostgreSQL, duplicates checked); RSS of coordinator and children.
+Prints a table and writes benchmarks/results/<date>[-quick][-partial].json; a complete full
+run also writes results/latest.json.
 """
 
 from __future__ import annotations
@@ -28,26 +32,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-BENCH_DEPS = {"celery": "celery[redis]>=5.4", "redis": "redis>=5", "psutil": "psutil>=5.9"}
+REQUIREMENTS = HERE / "requirements.txt"
+# The harness needs psutil (installed when missing); each peer is optional: module -> pip.
+PEERS = {"celery": "celery[redis]", "procrastinate": "procrastinate[django]",
+         "django_tasks_db": "django-tasks-db"}
+GROUP = 16  # rows per transaction in our children, and in the grouped no-queue ceiling
 ALL_DBS = ("postgres", "mysql", "sqlite")
 QUEUE = "dbworker_bench"
 
 
 # -- set-up -----------------------------------------------------------------------------
 def ensure_deps() -> None:
-    """Benchmark-only dependencies, installed into this interpreter's venv when missing."""
-    import importlib.util
+    """psutil, installed into this interpreter's venv when missing; the peers come from
+    benchmarks/requirements.txt (`make bench` installs it)."""
+    if find_spec("psutil") is None:
+        print("Installing benchmark dependency: psutil", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "psutil>=5.9"], check=True)
 
-    missing = [spec for mod, spec in BENCH_DEPS.items() if importlib.util.find_spec(mod) is None]
-    if missing:
-        print(f"Installing benchmark dependencies: {' '.join(missing)}", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
+
+def missing_peer(module: str) -> str | None:
+    """None if the peer's package is importable, else the message printed for it."""
+    if find_spec(module) is not None:
+        return None
+    return f"not run: install {PEERS[module]} (pip install -r {REQUIREMENTS.relative_to(ROOT)})"
+
+
+def version(dist: str) -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "?"
 
 
 def env_for(db: str, **extra: str) -> dict[str, str]:
@@ -112,12 +137,19 @@ TABLES = ["benchapp_effect", "benchapp_job", "benchapp_orderedjob",
           "django_dbworker_execution", "django_dbworker_coordinatorheartbeat"]
 
 
+# The tasks and the peers' tables, on PostgreSQL (only there do the tasks and peers run).
+PEER_TABLES = ["django_dbworker_task", "django_tasks_db_dbtaskresult", "procrastinate_jobs",
+               "procrastinate_events", "procrastinate_periodic_defers", "procrastinate_workers"]
+
+
 def reset(db: str) -> None:
     from django.db import connections
 
     with connections[db].cursor() as c:
         if db == "postgres":
-            c.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY")
+            present = set(connections[db].introspection.table_names(c))
+            tables = TABLES + [t for t in PEER_TABLES if t in present]
+            c.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
         elif db == "mysql":
             for t in TABLES:
                 c.execute(f"TRUNCATE TABLE {t}")
@@ -306,11 +338,23 @@ def runworkers(db: str, worker: str, *, drain: bool, log: Path) -> Tree:
     return Tree(args, env_for(db), log)
 
 
-def celery_worker(conn_max_age: str, log: Path) -> Tree:
+CELERY_DB_REUSE_MAX = 1_000_000  # passed to benchproject.settings (BENCH_CELERY_DB_REUSE_MAX)
+
+
+def celery_worker(reuse: bool, log: Path) -> Tree:
+    """Celery prefork, 2 children, persistent connections (CONN_MAX_AGE=None); with
+    `reuse`, CELERY_DB_REUSE_MAX set, without which the Django fixup closes the
+    connection around every task."""
     args = [sys.executable, "-m", "celery", "-A", "benchproject.celery_app", "worker",
             "-P", "prefork", "-c", "2", "-Q", QUEUE, "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-l", "WARNING"]
-    return Tree(args, env_for("postgres", BENCH_CONN_MAX_AGE=conn_max_age), log)
+    return Tree(args, env_for("postgres", BENCH_CONN_MAX_AGE="none",
+                              BENCH_CELERY_DB_REUSE_MAX=str(CELERY_DB_REUSE_MAX if reuse else 0)),
+                log)
+
+
+def manage(db: str, args: list[str], log: Path, **env: str) -> Tree:
+    return Tree([sys.executable, str(HERE / "manage.py"), *args], env_for(db, **env), log)
 
 
 def purge_queue() -> None:
@@ -320,11 +364,12 @@ def purge_queue() -> None:
     redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(QUEUE)
 
 
-def wait_for_count(db: str, system: str, n: int, timeout: float, tree: Tree | None = None) -> bool:
+def wait_for_count(db: str, system: str, n: int, timeout: float, *trees: Tree | None) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if tree is not None:
-            tree.sample()
+        for tree in trees:
+            if tree is not None:
+                tree.sample()
         if effect_count(db, system) >= n:
             return True
         time.sleep(0.1)
@@ -346,7 +391,7 @@ def drain_dbworker(db: str, n: int, cfg: Cfg, worker: str = "bench") -> dict[str
     return result
 
 
-def drain_celery(n: int, cfg: Cfg, conn_max_age: str) -> dict[str, Any]:
+def drain_celery(n: int, cfg: Cfg, reuse: bool) -> dict[str, Any]:
     from benchapp.tasks import handle_job
 
     db = "postgres"
@@ -359,7 +404,7 @@ def drain_celery(n: int, cfg: Cfg, conn_max_age: str) -> dict[str, Any]:
         handle_job.apply_async((pk,), queue=QUEUE)
     publish = time.monotonic() - t
     t0 = time.monotonic()
-    tree = celery_worker(conn_max_age, cfg.log)
+    tree = celery_worker(reuse, cfg.log)
     ok = wait_for_count(db, "celery", n, cfg.timeout, tree)
     wall = time.monotonic() - t0
     tree.stop()
@@ -369,44 +414,163 @@ def drain_celery(n: int, cfg: Cfg, conn_max_age: str) -> dict[str, Any]:
     return result
 
 
-def pickup(db: str, system: str, samples: int, gap: float, idle: float,
-           cfg: Cfg) -> dict[str, Any]:
-    """Insert one row at a time into warm idle workers; latency = handler start -
-    commit acknowledged to the inserting client. Then measure idle CPU."""
-    from benchapp.models import Job
+def drain_started(db: str, system: str, n: int, cfg: Cfg,
+                  start: Callable[[], list[Tree]]) -> dict[str, Any]:
+    """Start processes on queued work, wait until all n Effect rows exist, stop them."""
+    t0 = time.monotonic()
+    trees = start()
+    ok = wait_for_count(db, system, n, cfg.timeout, *trees)
+    wall = time.monotonic() - t0
+    for tree in trees:
+        tree.stop()
+    result = summarize_drain(db, system, n, wall)
+    result.update(completed=ok, rss=processes_rss(trees))
+    return result
 
+
+def processes_rss(trees: list[Tree]) -> dict[str, Any]:
+    """Peers that run N worker processes (no coordinator): the largest one's RSS."""
+    rss = [t.rss() for t in trees]
+    if len(rss) == 1:
+        return rss[0]
+    return {"child_mb_max": max((r.get("coordinator_mb_max", 0.0) for r in rss), default=None)}
+
+
+NOQUEUE_START_DELAY = 3.0  # s: both processes set up and connected, then start together
+
+
+def drain_noqueue(db: str, n: int, cfg: Cfg, group: int) -> dict[str, Any]:
+    """The ceiling: the job's own work in 2 plain processes, `group` jobs per transaction."""
     reset(db)
+    queue_jobs(db, n)
+    analyze(db)
+    start_at = time.time() + NOQUEUE_START_DELAY
+
+    def start() -> list[Tree]:
+        return [manage(db, ["bench_noqueue", "--group", str(group), "--shard", str(i),
+                            "--shards", "2", "--start-at", repr(start_at)], cfg.log)
+                for i in range(2)]
+
+    result = drain_started(db, "noqueue", n, cfg, start)
+    result.update(group=group, wall_s=round(result["wall_s"] - NOQUEUE_START_DELAY, 3))
+    return result
+
+
+def drain_tasks_backend(n: int, cfg: Cfg) -> dict[str, Any]:
+    """Our django.tasks backend: n tasks of the job enqueued, one `runworkers --queue
+    bench --drain` (2 children, TASKS OPTIONS CONCURRENCY)."""
+    from benchapp.task_jobs import handle_job
+    from django.db import transaction
+
+    db, system = "postgres", "dbworker-tasks"
+    reset(db)
+    pks = queue_jobs(db, n)
+    with transaction.atomic(using=db):
+        for pk in pks:
+            handle_job.enqueue(pk, system)
+    analyze(db)
+    return drain_started(db, system, n, cfg, lambda: [
+        manage(db, ["runworkers", "--queue", "bench", "--drain", "-v0"], cfg.log)])
+
+
+def drain_tasks_db(n: int, cfg: Cfg) -> dict[str, Any]:
+    """django-tasks-db: n tasks enqueued on its backend, two `db_worker --batch`
+    processes (one task at a time each), persistent connections."""
+    from benchapp.task_jobs import handle_job
+    from django.db import transaction
+
+    db, system = "postgres", "tasksdb"
+    reset(db)
+    pks = queue_jobs(db, n)
+    task = handle_job.using(backend="tasksdb")
+    with transaction.atomic(using=db):
+        for pk in pks:
+            task.enqueue(pk, system)
+    analyze(db)
+    args = ["db_worker", "--backend", "tasksdb", "--queue-name", "bench", "--batch",
+            "--no-startup-delay", "--no-reload", "-v0"]
+    return drain_started(db, system, n, cfg, lambda: [
+        manage(db, args, cfg.log, BENCH_CONN_MAX_AGE="none") for _ in range(2)])
+
+
+PROCRASTINATE_WORKERS, PROCRASTINATE_CONCURRENCY = 2, 1
+
+
+def drain_procrastinate(n: int, cfg: Cfg) -> dict[str, Any]:
+    """Procrastinate (Django integration): n jobs deferred in one batch, worker processes
+    `manage.py procrastinate worker --one-shot`, persistent connections."""
+    from benchapp.procrastinate_tasks import handle_job
+
+    db, system = "postgres", "procrastinate"
+    reset(db)
+    pks = queue_jobs(db, n)
+    handle_job.batch_defer(*({"job_id": pk} for pk in pks))
+    analyze(db)
+    args = ["procrastinate", "worker", "--queues", "bench", "--one-shot",
+            "--concurrency", str(PROCRASTINATE_CONCURRENCY)]
+    return drain_started(db, system, n, cfg, lambda: [
+        manage(db, args, cfg.log, BENCH_CONN_MAX_AGE="none")
+        for _ in range(PROCRASTINATE_WORKERS)])
+
+
+def pickup_workers(db: str, system: str, cfg: Cfg) -> tuple[list[Tree], Callable[[int], Any]]:
+    """The warm idle workers of `system`, and what tells them about a committed Job row
+    (nothing for dbworker: the row's trigger does)."""
     if system == "celery":
         from benchapp.tasks import handle_job
 
         purge_queue()
-        tree = celery_worker("none", cfg.log)
-    else:
-        tree = runworkers(db, "bench", drain=False, log=cfg.log)
+        return [celery_worker(True, cfg.log)], lambda pk: handle_job.apply_async((pk,), queue=QUEUE)
+    if system == "procrastinate":
+        from benchapp.procrastinate_tasks import handle_job as deferred
+
+        args = ["procrastinate", "worker", "--queues", "bench",
+                "--concurrency", str(PROCRASTINATE_CONCURRENCY)]
+        return ([manage(db, args, cfg.log, BENCH_CONN_MAX_AGE="none")
+                 for _ in range(PROCRASTINATE_WORKERS)], lambda pk: deferred.defer(job_id=pk))
+    if system == "dbworker-tasks":
+        from benchapp.task_jobs import handle_job as task
+
+        return ([manage(db, ["runworkers", "--queue", "bench", "-v0"], cfg.log)],
+                lambda pk: task.enqueue(pk, system))
+    return [runworkers(db, "bench", drain=False, log=cfg.log)], lambda pk: None
+
+
+def pickup(db: str, system: str, samples: int, gap: float, idle: float,
+           cfg: Cfg) -> dict[str, Any]:
+    """Insert one row at a time into warm idle workers; latency = handler start -
+    commit acknowledged to the inserting client (for the systems that need a message or
+    a task as well, it is sent right after that commit). Then measure idle CPU."""
+    from benchapp.models import Job
+
+    reset(db)
+    trees, announce = pickup_workers(db, system, cfg)
     committed: dict[int, float] = {}
     try:
         def insert() -> int:
             job = Job.objects.using(db).create(created_ts=time.time())
             committed[job.pk] = time.time()
-            if system == "celery":
-                handle_job.apply_async((job.pk,), queue=QUEUE)
+            announce(job.pk)
             return job.pk
 
         insert()  # warm-up: workers started, connections open
-        if not wait_for_count(db, system, 1, 120, tree):
+        if not wait_for_count(db, system, 1, 120, *trees):
             raise RuntimeError(f"{system} on {db}: warm-up job never ran (see {cfg.log})")
         rng = random.Random(7)
         for _ in range(samples):
             time.sleep(gap * rng.uniform(0.5, 1.5))
             insert()
-        wait_for_count(db, system, samples + 1, 30 + samples * 0.05, tree)
+        wait_for_count(db, system, samples + 1, 30 + samples * 0.05, *trees)
         # Idle CPU: nothing to do for `idle` seconds.
-        cpu0, t0 = tree.cpu_seconds(), time.monotonic()
+        cpu0, t0 = sum(t.cpu_seconds() for t in trees), time.monotonic()
         time.sleep(idle)
-        idle_cpu = (tree.cpu_seconds() - cpu0) / (time.monotonic() - t0) * 100
-        tree.sample()
+        cpu1 = sum(t.cpu_seconds() for t in trees)
+        idle_cpu = (cpu1 - cpu0) / (time.monotonic() - t0) * 100
+        for tree in trees:
+            tree.sample()
     finally:
-        tree.stop()
+        for tree in trees:
+            tree.stop()
     first = min(committed)
     lat = sorted((started - committed[job_id]) * 1000 for job_id, started, _ in effects(db, system)
                  if job_id != first)
@@ -416,7 +580,7 @@ def pickup(db: str, system: str, samples: int, gap: float, idle: float,
         "p95_ms": round(percentile(lat, 95), 2) if lat else None,
         "max_ms": round(lat[-1], 2) if lat else None,
         "idle_cpu_percent": round(idle_cpu, 2),
-        "rss": tree.rss(),
+        "rss": processes_rss(trees),
     }
 
 
@@ -522,6 +686,109 @@ def memory(n: int, cfg: Cfg) -> dict[str, Any]:
     return result
 
 
+# -- the drain's systems ----------------------------------------------------------------
+DB_NAMES = {"postgres": "PostgreSQL", "mysql": "MariaDB/MySQL", "sqlite": "SQLite"}
+
+
+@dataclass
+class System:
+    """One row of the drain table: how to run it once, and the peer package it needs."""
+
+    label: str
+    db: str
+    run: Callable[[], dict[str, Any]]
+    needs: str | None = None  # module of an optional peer
+    ceiling: bool = False  # the grouped no-queue row: the others are fractions of it
+
+
+def drain_systems(db: str, cfg: Cfg) -> list[System]:
+    """The no-queue ceiling and dbworker on every database; the peers on PostgreSQL."""
+    n, name = cfg.drain_jobs, DB_NAMES[db]
+    systems = [
+        System(f"no queue {name}, {GROUP} jobs/transaction", db,
+               lambda: drain_noqueue(db, n, cfg, GROUP), ceiling=True),
+        System(f"no queue {name}, 1 job/transaction", db, lambda: drain_noqueue(db, n, cfg, 1)),
+        System(f"dbworker {name}", db, lambda: drain_dbworker(db, n, cfg)),
+    ]
+    if db != "postgres":
+        return systems
+    systems.append(System(celery_label(), db, lambda: drain_celery(n, cfg, reuse=True),
+                          needs="celery"))
+    if not cfg.quick:
+        systems.append(System(celery_label(reuse=False), db,
+                              lambda: drain_celery(n, cfg, reuse=False), needs="celery"))
+    return systems + [
+        System(tasks_label(), db, lambda: drain_tasks_backend(n, cfg)),
+        System(procrastinate_label(), db, lambda: drain_procrastinate(n, cfg),
+               needs="procrastinate"),
+        System(f"django-tasks-db {version('django-tasks-db')}, PostgreSQL, 2 db_worker", db,
+               lambda: drain_tasks_db(n, cfg), needs="django_tasks_db"),
+    ]
+
+
+def celery_label(reuse: bool = True) -> str:
+    setting = (f"CELERY_DB_REUSE_MAX={CELERY_DB_REUSE_MAX}" if reuse
+               else "connection per task (DB_REUSE_MAX unset)")
+    return f"Celery {version('celery')} + Redis, PostgreSQL, {setting}"
+
+
+def tasks_label() -> str:
+    return "django-dbworker tasks backend, PostgreSQL"
+
+
+def procrastinate_label() -> str:
+    return (f"Procrastinate {version('procrastinate')}, PostgreSQL, {PROCRASTINATE_WORKERS} "
+            f"workers x concurrency {PROCRASTINATE_CONCURRENCY}")
+
+def peer_config() -> dict[str, str]:
+    """How each system is run: recorded in the JSON (config.peers), see docs/benchmarks.md."""
+    return {
+        "noqueue": f"2 processes (manage.py bench_noqueue), each every other Job row, "
+                   f"{GROUP} jobs per transaction (the ceiling) or 1; started together",
+        "dbworker": "runworkers --worker bench --concurrency bench=2 --drain (package defaults)",
+        "celery": f"celery worker -P prefork -c 2, Redis broker, results ignored, "
+                  f"CELERY_DB_REUSE_MAX={CELERY_DB_REUSE_MAX}, CONN_MAX_AGE=None",
+        "dbworker_tasks": "TASKS backend django_dbworker.tasks.DatabaseBackend, OPTIONS "
+                          "CONCURRENCY=2, runworkers --queue bench --drain",
+        "procrastinate": f"procrastinate.contrib.django, {PROCRASTINATE_WORKERS} x manage.py "
+                         f"procrastinate worker --one-shot --concurrency "
+                         f"{PROCRASTINATE_CONCURRENCY}, CONN_MAX_AGE=None",
+        "django_tasks_db": "2 x manage.py db_worker --batch --no-startup-delay (default "
+                           "--interval 1), CONN_MAX_AGE=None",
+    }
+
+
+def pickup_systems(db: str, cfg: Cfg) -> list[System]:
+    """dbworker on every database; on PostgreSQL the push-based peers and our tasks."""
+    def run(system: str) -> Callable[[], dict[str, Any]]:
+        return lambda: pickup(db, system, cfg.pickup_samples, 0.05 if cfg.quick else 0.1,
+                              1.0 if cfg.quick else 5.0, cfg)
+
+    systems = [System(f"dbworker {DB_NAMES[db]}", db, run("dbworker"))]
+    if db != "postgres":
+        return systems
+    return systems + [
+        System(celery_label(), db, run("celery"), needs="celery"),
+        System(tasks_label(), db, run("dbworker-tasks")),
+        System(procrastinate_label(), db, run("procrastinate"), needs="procrastinate"),
+    ]
+
+
+def run_system(system: System, kind: str, raw: dict[str, Any], step: Callable[[str], None],
+               repeat: int) -> None:
+    """Run one system once into raw[kind], or note (and print, once) why it cannot."""
+    missing = system.needs and missing_peer(system.needs)
+    not_run = raw["not_run"].setdefault(kind, {})
+    if missing:
+        if system.label not in not_run:
+            print(f"  {kind} {system.label}: {missing}", flush=True)
+        not_run[system.label] = missing
+        return
+    step(f"{kind} {system.label} (run {repeat + 1})")
+    result = system.run()
+    result.update(db=system.db, ceiling=system.ceiling)
+    raw[kind].setdefault(system.label, []).append(result)
+
 # -- reporting --------------------------------------------------------------------------
 def percentile(values: list[float], p: float) -> float:
     if len(values) == 1:
@@ -551,7 +818,8 @@ def machine() -> dict[str, Any]:
         pass
     import importlib.metadata as md
 
-    for pkg in ("django", "sqlalchemy", "psycopg", "mysqlclient", "celery", "redis"):
+    for pkg in ("django", "psycopg", "mysqlclient", "celery", "redis", "procrastinate",
+                "django-tasks-db"):
         try:
             info[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
@@ -575,72 +843,119 @@ def fmt(v: Any, suffix: str = "") -> str:
         if isinstance(v, float) else str(v)
 
 
+W = 76  # width of the tables' first column
+
+
 def print_table(report: dict[str, Any]) -> None:
-    s = report["summary"]
+    s, cfg = report["summary"], report["config"]
     print()
     print(f"django-dbworker benchmark {report['date']}  ({report['mode']}, "
-          f"{report['config']['repeats']} repeat(s), medians)")
+          f"{cfg['repeats']} repeat(s), medians)")
     print(f"machine: {report['machine'].get('cpu', '?')}, {report['machine']['cpus']} cpus")
     print()
-    print(f"Drain throughput ({report['config']['drain_jobs']:,} jobs queued, concurrency 2)")
-    print(f"  {'system':<38}{'jobs/s':>10}{'coord RSS MB':>14}{'child RSS MB':>14}")
-    for name, row in s["drain"].items():
-        print(f"  {name:<38}{fmt(row['jobs_per_s']):>10}{fmt(row.get('coordinator_mb')):>14}"
-              f"{fmt(row.get('child_mb')):>14}")
-    print()
-    print(f"Pickup latency ({report['config']['pickup_samples']} single inserts, warm idle "
-          "workers)")
-    print(f"  {'system':<38}{'p50 ms':>10}{'p95 ms':>10}{'max ms':>10}{'idle CPU %':>12}")
-    for name, row in s["pickup"].items():
-        print(f"  {name:<38}{fmt(row['p50_ms']):>10}{fmt(row['p95_ms']):>10}"
+    for section, show in (("drain", print_drain), ("pickup", print_pickup),
+                          ("history", print_history), ("scale_out", print_scale_out),
+                          ("memory", print_memory)):
+        if s.get(section):  # a partial run (--only) leaves the others out
+            show(s[section], cfg)
+            print()
+
+
+def print_drain(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
+    print(f"Drain throughput ({cfg['drain_jobs']:,} jobs queued, concurrency 2; 'of ceiling' "
+          f"= jobs/s / the same database's no queue, {GROUP} jobs/transaction)")
+    print(f"  {'system':<{W}}{'jobs/s':>10}{'of ceiling':>12}{'ran twice':>11}"
+          f"{'coord RSS MB':>14}{'child RSS MB':>14}")
+    for name, row in rows.items():
+        if row.get("not_run"):
+            print(f"  {name:<{W}}  {row['not_run']}")
+            continue
+        share = row.get("of_ceiling")
+        print(f"  {name:<{W}}{fmt(row['jobs_per_s']):>10}"
+              f"{'-' if share is None else f'{share:.2f}x':>12}{fmt(row['duplicates']):>11}"
+              f"{fmt(row.get('coordinator_mb')):>14}{fmt(row.get('child_mb')):>14}")
+
+
+def print_pickup(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
+    print(f"Pickup latency ({cfg['pickup_samples']} single inserts, warm idle workers)")
+    print(f"  {'system':<{W}}{'p50 ms':>10}{'p95 ms':>10}{'max ms':>10}{'idle CPU %':>12}")
+    for name, row in rows.items():
+        if row.get("not_run"):
+            print(f"  {name:<{W}}  {row['not_run']}")
+            continue
+        print(f"  {name:<{W}}{fmt(row['p50_ms']):>10}{fmt(row['p95_ms']):>10}"
               f"{fmt(row['max_ms']):>10}{fmt(row['idle_cpu_percent']):>12}")
-    print()
-    cfg = report["config"]
+
+
+def print_history(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
     print(f"History ({cfg['history_new']:,} new rows; {cfg['history_rows']:,} finished rows vs "
           "none)")
     print(f"  {'database / worker':<38}{'empty j/s':>10}{'history j/s':>13}{'ratio':>8}")
-    for name, row in s["history"].items():
+    for name, row in rows.items():
         print(f"  {name:<38}{fmt(row['empty']):>10}{fmt(row['history']):>13}"
               f"{fmt(row['ratio']):>8}")
-    print()
+
+
+def print_scale_out(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
     print(f"Scale-out on PostgreSQL ({cfg['scale_jobs']:,} jobs, N warm runworkers, "
           "concurrency 2 each)")
     print(f"  {'processes':<38}{'jobs/s':>10}{'ran twice':>11}{'finished':>10}"
           f"{'CPU busy %':>12}")
-    for name, row in s["scale_out"].items():
+    for name, row in rows.items():
         print(f"  {name:<38}{fmt(row['jobs_per_s']):>10}{fmt(row['duplicates']):>11}"
               f"{fmt(row['finished']):>10}{fmt(row.get('cpu_busy_percent')):>12}")
-    print()
-    if s.get("memory"):
-        m = s["memory"]
-        print(f"Memory over one drain of {cfg['memory_jobs']:,} jobs on PostgreSQL "
-              "(RSS MB, early = 10-20% into the run)")
-        print(f"  {'process':<38}{'early':>10}{'end':>10}{'growth':>10}")
-        print(f"  {'coordinator':<38}{fmt(m['coordinator_mb_early']):>10}"
-              f"{fmt(m['coordinator_mb_end']):>10}{fmt(m['coordinator_growth_mb']):>10}")
-        print(f"  {'largest child':<38}{fmt(m['child_mb_early']):>10}"
-              f"{fmt(m['child_mb_end']):>10}{fmt(m['child_growth_mb']):>10}")
-        print(f"  ({fmt(m['jobs_per_s'])} jobs/s, {m['done']:,} done, "
-              f"{m['duplicates']} ran twice)")
-        print()
+
+
+def print_memory(m: dict[str, Any], cfg: dict[str, Any]) -> None:
+    print(f"Memory over one drain of {cfg['memory_jobs']:,} jobs on PostgreSQL "
+          "(RSS MB, early = 10-20% into the run)")
+    print(f"  {'process':<38}{'early':>10}{'end':>10}{'growth':>10}")
+    print(f"  {'coordinator':<38}{fmt(m['coordinator_mb_early']):>10}"
+          f"{fmt(m['coordinator_mb_end']):>10}{fmt(m['coordinator_growth_mb']):>10}")
+    print(f"  {'largest child':<38}{fmt(m['child_mb_early']):>10}"
+          f"{fmt(m['child_mb_end']):>10}{fmt(m['child_growth_mb']):>10}")
+    print(f"  ({fmt(m['jobs_per_s'])} jobs/s, {m['done']:,} done, {m['duplicates']} ran twice)")
+
+
+def summarize_drains(drains: dict[str, list[dict[str, Any]]],
+                     not_run: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Medians per system, each also as a fraction of its database's grouped no-queue
+    ceiling (`of_ceiling`); the systems that did not run, with the reason."""
+    out: dict[str, Any] = {}
+    for name, runs in drains.items():
+        rss = [r.get("rss") or {} for r in runs]
+        out[name] = {
+            "db": runs[0].get("db"),
+            "jobs_per_s": median_of(runs, "jobs_per_s"),
+            "all_jobs_per_s": [r["jobs_per_s"] for r in runs],
+            "duplicates": sum(r["duplicates"] for r in runs),
+            "done": min(r["done"] for r in runs),
+            "coordinator_mb": max((x.get("coordinator_mb_max", 0) for x in rss), default=None)
+            or None,
+            "child_mb": max((x.get("child_mb_max", 0) for x in rss), default=None) or None,
+        }
+    ceiling = {runs[0]["db"]: {"system": name, "jobs_per_s": out[name]["jobs_per_s"]}
+               for name, runs in drains.items() if runs[0].get("ceiling")}
+    for row in out.values():
+        top = ceiling.get(row["db"], {}).get("jobs_per_s")
+        row["of_ceiling"] = round(row["jobs_per_s"] / top, 2) \
+            if top and row["jobs_per_s"] else None
+    for name, reason in not_run.items():
+        out.setdefault(name, {"jobs_per_s": None, "not_run": reason})
+    return out, ceiling
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {}}
     if raw.get("memory"):
         out["memory"] = raw["memory"][-1]  # one long run: it is its own repeat
-    for name, runs in raw["drain"].items():
-        rss = [r.get("rss") or {} for r in runs]
-        out["drain"][name] = {
-            "jobs_per_s": median_of(runs, "jobs_per_s"),
-            "all_jobs_per_s": [r["jobs_per_s"] for r in runs],
-            "duplicates": sum(r["duplicates"] for r in runs),
-            "coordinator_mb": max((x.get("coordinator_mb_max", 0) for x in rss), default=None),
-            "child_mb": max((x.get("child_mb_max", 0) for x in rss), default=None),
-        }
+    not_run = raw.get("not_run", {})
+    out["drain"], out["ceiling"] = summarize_drains(raw["drain"], not_run.get("drain", {}))
     for name, runs in raw["pickup"].items():
         out["pickup"][name] = {k: median_of(runs, k) for k in
                                ("p50_ms", "p95_ms", "max_ms", "idle_cpu_percent")}
+    for name, reason in not_run.get("pickup", {}).items():
+        out["pickup"].setdefault(name, {"not_run": reason})
     for name, pair in raw["history"].items():
         empty = median_of(pair["empty"], "jobs_per_s")
         full = median_of(pair["history"], "jobs_per_s")
@@ -675,6 +990,9 @@ def main() -> int:
                         help="comma-separated subset of postgres,mysql,sqlite")
     parser.add_argument("--only", default="drain,pickup,history,scale,memory",
                         help="comma-separated subset of drain,pickup,history,scale,memory")
+    parser.add_argument("--procrastinate", default="2x1", metavar="WORKERSxCONCURRENCY",
+                        help="Procrastinate worker processes x --concurrency of each "
+                             "(default 2x1: see docs/benchmarks.md)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds one drain may take before it is stopped")
     cfg = parser.parse_args(namespace=Cfg())
@@ -687,6 +1005,8 @@ def main() -> int:
     cfg.scale_jobs = cfg.scale_jobs or (400 if quick else 5000)
     cfg.memory_jobs = cfg.memory_jobs or (5000 if quick else 100_000)
     only = set(cfg.only.split(","))
+    global PROCRASTINATE_WORKERS, PROCRASTINATE_CONCURRENCY
+    PROCRASTINATE_WORKERS, PROCRASTINATE_CONCURRENCY = map(int, cfg.procrastinate.split("x"))
 
     ensure_deps()
     sys.path[:0] = [str(HERE), str(ROOT)]
@@ -712,9 +1032,9 @@ def main() -> int:
     from django.conf import settings
 
     report["config"]["dbworker_settings"] = settings.DBWORKER
-    raw: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {},
-                           "memory": []}
-    names = {"postgres": "PostgreSQL", "mysql": "MariaDB/MySQL", "sqlite": "SQLite"}
+    report["config"]["peers"] = peer_config()
+    raw: dict[str, Any] = {"drain": {}, "not_run": {}, "pickup": {}, "history": {},
+                           "scale_out": {}, "memory": []}
 
     def step(label: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {label}", flush=True)
@@ -723,32 +1043,16 @@ def main() -> int:
     for r in range(cfg.repeats):
         if "drain" in only:
             for db in dbs:
-                step(f"drain dbworker {db} (run {r + 1})")
-                raw["drain"].setdefault(f"dbworker {names[db]}", []).append(
-                    drain_dbworker(db, cfg.drain_jobs, cfg))
-                if db == "postgres":
-                    step(f"drain celery persistent connections (run {r + 1})")
-                    raw["drain"].setdefault("Celery+Redis PostgreSQL, persistent conn",
-                                            []).append(drain_celery(cfg.drain_jobs, cfg, "none"))
-                    if not quick:
-                        step(f"drain celery fresh connections (run {r + 1})")
-                        raw["drain"].setdefault("Celery+Redis PostgreSQL, conn per task",
-                                                []).append(drain_celery(cfg.drain_jobs, cfg, "0"))
+                for system in drain_systems(db, cfg):
+                    run_system(system, "drain", raw, step, r)
         if "pickup" in only:
             for db in dbs:
-                step(f"pickup dbworker {db} (run {r + 1})")
-                raw["pickup"].setdefault(f"dbworker {names[db]}", []).append(
-                    pickup(db, "dbworker", cfg.pickup_samples, 0.05 if quick else 0.1,
-                           1.0 if quick else 5.0, cfg))
-                if db == "postgres":
-                    step(f"pickup celery (run {r + 1})")
-                    raw["pickup"].setdefault("Celery+Redis PostgreSQL", []).append(
-                        pickup(db, "celery", cfg.pickup_samples, 0.05 if quick else 0.1,
-                               1.0 if quick else 5.0, cfg))
+                for system in pickup_systems(db, cfg):
+                    run_system(system, "pickup", raw, step, r)
         if "history" in only:
             for db in dbs if not quick else [d for d in dbs if d == "postgres"] or dbs[:1]:
                 for worker in ("bench", "bench_ordered"):
-                    label = (f"{names[db]} / "
+                    label = (f"{DB_NAMES[db]} / "
                              f"{'default order' if worker == 'bench' else 'filter+order_by'}")
                     pair = raw["history"].setdefault(label, {"empty": [], "history": []})
                     for past, key in ((0, "empty"), (cfg.history_rows, "history")):
@@ -766,10 +1070,11 @@ def main() -> int:
     report["runs"] = raw
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-    # A partial run (--only, --databases) never replaces the dated or latest results.
+    # latest.json is the latest complete full run: a quick or partial run (--only,
+    # --databases) writes only its dated file.
     partial = only != {"drain", "pickup", "history", "scale", "memory"} or len(dbs) < len(ALL_DBS)
     dated = RESULTS / f"{stamp}{'-quick' if quick else ''}{'-partial' if partial else ''}.json"
-    paths = [dated] if partial else [dated, RESULTS / "latest.json"]
+    paths = [dated] if partial or quick else [dated, RESULTS / "latest.json"]
     for path in paths:
         path.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)

@@ -2,14 +2,19 @@
 
 BENCH_DB: postgres (default), mysql or sqlite; the server URLs default to the local
 servers (BENCH_POSTGRES_URL, BENCH_MYSQL_URL, BENCH_SQLITE_PATH).
-BENCH_CONN_MAX_AGE: seconds, or "none" for persistent connections (Celery's fair setting).
+BENCH_CONN_MAX_AGE: seconds, or "none" for persistent connections (what the peers run with).
+BENCH_CELERY_DB_REUSE_MAX: Celery's CELERY_DB_REUSE_MAX (default 1,000,000; 0: unset).
 BENCH_HARNESS=1 (run.py only) adds every database under its own alias as well.
+
+The peers (Celery, Procrastinate, django-tasks-db) are optional: their apps and settings
+are added only when their packages are importable (pip install -r benchmarks/requirements.txt).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -54,15 +59,36 @@ if os.environ.get("BENCH_HARNESS"):
 SECRET_KEY = "benchmark-only"
 USE_TZ = True
 INSTALLED_APPS = ["django.contrib.contenttypes", "django_dbworker", "benchapp"]
+# Procrastinate's schema is PostgreSQL only: its app exists in the PostgreSQL processes.
+HAVE_PROCRASTINATE = DB == "postgres" and find_spec("procrastinate") is not None
+HAVE_TASKS_DB = find_spec("django_tasks_db") is not None
+if HAVE_PROCRASTINATE:
+    INSTALLED_APPS.append("procrastinate.contrib.django")
+if HAVE_TASKS_DB:
+    INSTALLED_APPS.append("django_tasks_db")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Defaults of the package, stated so the JSON records what was measured.
 DBWORKER = {"LEASE_SECONDS": 30, "POLL_SECONDS": 0.25, "MAX_POLL_SECONDS": 10}
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# django.tasks: our backend ("default", queue "bench", 2 children per runworkers) and
+# django-tasks-db ("tasksdb", run by two `db_worker` processes). benchapp/task_jobs.py.
+TASKS = {"default": {"BACKEND": "django_dbworker.tasks.DatabaseBackend", "QUEUES": ["bench"],
+                     "OPTIONS": {"CONCURRENCY": 2}}}
+if HAVE_TASKS_DB:
+    TASKS["tasksdb"] = {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["bench"]}
+
+# Procrastinate: its Django integration on the default database; tasks in
+# benchapp/procrastinate_tasks.py (benchapp/tasks.py is Celery's).
+PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "procrastinate_tasks"
 
 # Celery (benchproject/celery_app.py reads CELERY_*).
 CELERY_BROKER_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "dbworker_bench"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Without it Celery's Django fixup closes the database connection before and after every
+# task, whatever CONN_MAX_AGE says: reuse it, Celery's documented way to keep connections.
+CELERY_DB_REUSE_MAX = int(os.environ.get("BENCH_CELERY_DB_REUSE_MAX", "1000000")) or None
 # MariaDB has no partial indexes; the package knows (migration 0002) and uses a plain one.
 SILENCED_SYSTEM_CHECKS = ["models.W037"]
