@@ -71,14 +71,32 @@ def test_state_and_execution_status():
 
 @pytest.mark.django_db
 def test_reset_failed_only_touches_failed_rows():
-    doc = Document.objects.create()
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.helpers import execution, mark_failed
+
+    doc, other = Document.objects.create(), Document.objects.create()
     assert reset_failed("docs", doc) is False
     assert execution_status("docs", doc) is ExecutionStatus.PENDING
+    # Failed as a handler leaves it, plus what an interrupted claim could leave behind.
+    mark_failed(Execution.objects.filter(worker="docs", source_id__in=[str(doc.pk), str(other.pk)]))
     Execution.objects.filter(worker="docs", source_id=str(doc.pk)).update(
-        status="failed", error_type="ValueError", error_message="x", attempts=2, claim_token="t")
+        attempts=2, claim_token="t", lease_expires_at=timezone.now() + timedelta(hours=1),
+        next_attempt_at=timezone.now() + timedelta(hours=1))
+    before = execution("docs", doc)
+    assert before.error_message and before.error_traceback and before.claimed_by  # set
     assert reset_failed("docs", doc) is True
-    e = Execution.objects.get(worker="docs", source_id=str(doc.pk))
-    assert (e.status, e.error_type, e.attempts, e.claim_token) == ("unfinished", None, 0, None)
+    e = execution("docs", doc)
+    assert (e.status, e.attempts) == ("unfinished", 0)
+    # The error, its traceback, the claim and the lease are gone: a clean slate.
+    assert (e.error_type, e.error_message, e.error_traceback) == (None, None, None)
+    assert (e.claim_token, e.claimed_by, e.lease_expires_at) == (None, None, None)
+    assert (e.next_attempt_at, e.finished_at) == (None, None)
+    assert e.updated_at > before.updated_at
+    assert execution_status("docs", other) is ExecutionStatus.FAILED  # only the one asked for
+    assert reset_failed("docs", doc) is False  # no longer failed: nothing to reset
 
 
 def test_status_enum_values():

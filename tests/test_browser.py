@@ -22,6 +22,7 @@ from tests.testapp.models import Document
 
 CHROMIUM = os.environ.get("DBWORKER_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ASYNC_UNSAFE_AT_START = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--no-first-run"]
 
@@ -42,18 +43,20 @@ def browser() -> Iterator[Any]:
     if not (os.access(CHROMIUM, os.X_OK) or shutil.which(CHROMIUM)):
         _unavailable(f"no Chromium at {CHROMIUM}")
     # Playwright's sync API runs an event loop; Django refuses ORM calls from a thread that
-    # has one unless told that these tests, which never await, are safe.
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-            # Django's connections are per context, and Playwright runs the test in a
-            # context of its own: close the connections opened there, or PostgreSQL keeps
-            # a session open and the test database cannot be dropped.
-            connections.close_all()
+    # has one unless told that these tests, which never await, are safe. Only while this
+    # fixture lasts: the rest of the session keeps Django's check.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+            try:
+                yield b
+            finally:
+                b.close()
+                # Django's connections are per context, and Playwright runs the test in a
+                # context of its own: close the connections opened there, or PostgreSQL
+                # keeps a session open and the test database cannot be dropped.
+                connections.close_all()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -109,3 +112,8 @@ def test_operator_finds_and_resets_failures(browser: Any, live_server: Any,
     assert [execution_status("docs", d) for d in broken] == [ExecutionStatus.UNFINISHED] * 2
     assert execution_status("docs", fine) == ExecutionStatus.FINISHED
     page.close()
+
+
+def test_the_browser_fixture_leaves_djangos_async_check_as_it_was() -> None:
+    """Runs after the browser test (file order): the variable it set is as before."""
+    assert os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE") == ASYNC_UNSAFE_AT_START

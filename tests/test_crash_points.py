@@ -8,13 +8,15 @@ gets there. After a coordinator dies, a second coordinator on this machine takes
 heartbeat check sees the dead process and hands its rows over at once.
 """
 
+import logging
 import os
 import signal
+from collections import Counter
 
 import pytest
 
-from django_dbworker.models import Execution
-from tests.helpers import drain, effects, runworkers, wait_for
+from django_dbworker.models import CoordinatorHeartbeat, Execution
+from tests.helpers import drain, effects, runworkers, session_processes, wait_for
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +32,7 @@ def final() -> bool:
 
 
 @pytest.mark.parametrize("point", CHILD_POINTS + COORDINATOR_POINTS)
-def test_a_crash_at_any_point_loses_nothing_and_commits_nothing_twice(point, tmp_path):
+def test_a_crash_at_any_point_loses_nothing_and_commits_nothing_twice(point, tmp_path, caplog):
     # 0.1 s per handler: long enough that leases are renewed (every 1 s here) while
     # rows are held, short enough for the whole run to take a few seconds.
     ok = Document.objects.bulk_create([Document(behaviour="sleep:0.1") for _ in range(30)])
@@ -54,7 +56,20 @@ def test_a_crash_at_any_point_loses_nothing_and_commits_nothing_twice(point, tmp
         proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL
         # Its children finish the group they are in, then see the pipe close and exit.
-        wait_for(lambda: drain("docs") is not None and final(), timeout=60, interval=0.2)
+        wait_for(lambda: not session_processes(proc.pid), timeout=60)
+        docs = Execution.objects.filter(worker="docs")
+        held = docs.filter(status="working", claimed_by__endswith=f":{proc.pid}").count()
+        left = docs.exclude(status__in=["finished", "failed"]).count()
+        assert left > 0, "the coordinator died after all the work was done: nothing was tested"
+        # Another coordinator takes over: the dead one's claims at once, without waiting
+        # for their leases, and all the rest.
+        stats = Counter()
+        with caplog.at_level(logging.WARNING, logger="django_dbworker.coordinator"):
+            wait_for(lambda: stats.update(drain("docs")) or final(), timeout=60, interval=0.2)
+        assert stats["recovered"] == held, (stats, held)
+        assert stats["finished"] + stats["failed"] == left, (stats, left)
+        assert not CoordinatorHeartbeat.objects.filter(pid=proc.pid).exists()
+        assert f"Coordinator process(es) {proc.pid} of this host are gone" in caplog.text
 
     assert marker.exists()
     assert effects("docs") == {str(d.pk): 1 for d in ok}  # none lost, none twice

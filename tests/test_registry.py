@@ -90,5 +90,26 @@ def test_unknown_worker_lookup_names_the_registered_ones():
 
 
 def test_workers_py_is_autodiscovered():
-    assert {"docs", "summaries", "uuids", "tags"} <= set(registry)
-    assert registry["docs"].concurrency == 2
+    """In a fresh interpreter that imports nothing but Django's set-up: here, test modules
+    import tests.testapp.workers themselves, which would hide a broken discovery."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, subprocess_env
+
+    script = (
+        "import json, sys, django\n"
+        "assert 'tests.testapp.workers' not in sys.modules\n"
+        "django.setup()\n"
+        "from django_dbworker import registry\n"
+        "print(json.dumps({'modules': 'tests.testapp.workers' in sys.modules,\n"
+        "                  'workers': {n: registry[n].concurrency for n in registry}}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["modules"] is True  # imported by discovery, at set-up
+    assert {"docs", "summaries", "uuids", "tags"} <= set(found["workers"])
+    assert found["workers"]["docs"] == 2

@@ -2,12 +2,15 @@
 
 import os
 import signal
+import socket
+from collections import Counter
 
 import pytest
 
 from django_dbworker import ExecutionStatus, execution_status
-from django_dbworker.models import Execution
-from tests.helpers import effects, running_marker, runworkers, wait_for
+from django_dbworker.models import CoordinatorHeartbeat, Execution
+from tests.helpers import effects, held_handler, running_marker, runworkers, wait_for
+from tests.processes import Output, is_running
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,24 +50,38 @@ def test_bad_concurrency_syntax_is_an_argument_error():
 
 
 def test_two_coordinators_never_run_a_row_twice():
-    Document.objects.bulk_create([Document() for _ in range(300)])
-    procs = [runworkers("--drain", "--worker", "docs") for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
+    """Both coordinators are up and idle before the rows exist, and each row takes a
+    moment: both claim a share. Each row runs once, by one of them, in one attempt."""
+    procs = [runworkers("--worker", "docs") for _ in range(2)]
+    outputs = [Output(p) for p in procs]
+    wait_for(lambda: CoordinatorHeartbeat.objects.filter(pid__in=[p.pid for p in procs]).count() == 2,
+             timeout=120)
+    Document.objects.bulk_create([Document(behaviour="sleep:0.01") for _ in range(300)])
+    wait_for(lambda: Execution.objects.filter(worker="docs", status="finished").count() == 300,
+             timeout=300, interval=0.2)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    assert [o.wait(timeout=60) for o in outputs] == [0, 0], [o.err for o in outputs]
     ids = {str(pk) for pk in Document.objects.values_list("pk", flat=True)}
     assert effects("docs") == {i: 1 for i in ids}
-    claimed = [int(o.split("claimed ")[1].split(",")[0]) for o, _ in outs]
-    assert sum(claimed) == 300
+    assert set(Execution.objects.filter(worker="docs").values_list("status", "attempts")) == {
+        ("finished", 1)}  # no row claimed twice (a second claim counts an attempt)
+    by = Counter(Execution.objects.filter(worker="docs").values_list("claimed_by", flat=True))
+    host = socket.gethostname()
+    assert set(by) == {f"{host}:{p.pid}" for p in procs}, by  # both ran rows
+    assert sum(by.values()) == 300
 
 
 def test_sigterm_finishes_running_handlers_then_exits_zero():
-    doc = Document.objects.create(behaviour="sleep:2")
-    started = running_marker("docs", doc.pk)
-    proc = runworkers("--worker", "docs")
-    wait_for(started.exists, timeout=60)  # the handler is running
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    doc = Document.objects.create(behaviour="sleep:0")
+    with held_handler("docs", doc.pk) as held:
+        proc = runworkers("--worker", "docs")
+        output = Output(proc)
+        held.wait()  # the handler is running, and waits for us
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "finishing running handlers" in output.err)  # the signal landed
+        assert status_of(doc) == "working" and effects("docs") == {}  # mid-handler
+    assert output.wait(timeout=60) == 0, output.err
     assert status_of(doc) == "finished"
     assert effects("docs") == {str(doc.pk): 1}
 
@@ -73,14 +90,13 @@ def test_a_second_signal_terminates_handlers_and_releases_their_claims_at_once()
     doc = Document.objects.create(behaviour="sleep:60")
     started = running_marker("docs", doc.pk)
     proc = runworkers("--worker", "docs")
+    output = Output(proc)
     wait_for(started.exists, timeout=60)  # the handler is running
     proc.send_signal(signal.SIGTERM)
     # Two signals sent at once reach Python's handler as one: wait for the first.
-    while "finishing running handlers" not in proc.stderr.readline():
-        pass
+    wait_for(lambda: "finishing running handlers" in output.err, timeout=60)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+    assert output.wait(timeout=30) == 0, output.err
     e = Execution.objects.get(worker="docs", source_id=str(doc.pk))
     # Claimable again right away (not after the lease), and nothing was committed.
     assert e.status == "pending" and e.claim_token is None and e.lease_expires_at is None
@@ -88,13 +104,15 @@ def test_a_second_signal_terminates_handlers_and_releases_their_claims_at_once()
 
 
 def test_children_ignore_ctrl_c_sent_to_the_process_group():
-    doc = Document.objects.create(behaviour="sleep:2")
-    started = running_marker("docs", doc.pk)
-    proc = runworkers("--worker", "docs")
-    wait_for(started.exists, timeout=60)  # the handler is running
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    doc = Document.objects.create(behaviour="sleep:0")
+    with held_handler("docs", doc.pk) as held:
+        proc = runworkers("--worker", "docs")
+        output = Output(proc)
+        child = held.wait()  # the handler is running, and waits for us
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        wait_for(lambda: "Received SIGINT" in output.err)  # it reached the group
+        assert status_of(doc) == "working" and is_running(child)  # mid-handler, untouched
+    assert output.wait(timeout=60) == 0, output.err
     assert status_of(doc) == "finished"  # the child was not interrupted
     assert effects("docs") == {str(doc.pk): 1}
 

@@ -79,10 +79,18 @@ def test_an_annotated_none_means_no_record() -> None:
     assert "dbworker-status--none" in render('{% dbworker_status d "docs" %}', d=annotated)
 
 
-def test_hostile_text_around_the_tag_stays_escaped() -> None:
-    doc = Document.objects.create(title="<script>alert(1)</script>")
-    out = render('{{ doc.title }} {% dbworker_status doc "docs" %}', doc=doc)
-    assert "<script>" not in out and "&lt;script&gt;" in out
+def test_a_hostile_status_value_is_escaped_by_the_tag_itself() -> None:
+    """The one text the badge takes from the data: a status it does not know (written by
+    hand, or by a newer version), shown as "Unknown (...)" and in a title attribute. The
+    tag escapes it even where the template's autoescaping is off."""
+    doc = Document.objects.create()
+    doc.docs_execution_status = '"><script>alert(1)</script>'  # as annotated from the row
+    escaped = "&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"
+    for source in ['{% dbworker_status doc "docs" %}',
+                   '{% autoescape off %}{% dbworker_status doc "docs" %}{% endautoescape %}']:
+        out = render(source, doc=doc)
+        assert out == ('<span class="dbworker-status dbworker-status--unknown" '
+                       f'title="{escaped}">Unknown ({escaped})</span>'), out
 
 
 def test_unknown_worker_names_the_registered_ones() -> None:
