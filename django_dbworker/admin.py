@@ -25,7 +25,7 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
 from . import conf
-from .admin_mixins import DBWorkerStatusMixin, change_and_log, report_counts
+from .admin_mixins import DBWorkerStatusMixin, transition_action
 from .dashboard import FINISHED_COUNT_LIMIT, Dashboard, format_age
 from .models import Execution, ExecutionQuerySet
 from .registry import registry
@@ -145,20 +145,16 @@ class ExecutionAdmin(admin.ModelAdmin):
     # -- actions -------------------------------------------------------------------------
     @admin.action(description="Reset failed executions (claimable again)", permissions=["change"])
     def reset_failed(self, request: HttpRequest, queryset: ExecutionQuerySet) -> None:
-        selected = queryset.count()
-        changed = len(change_and_log(request, queryset, "reset_failed",
-                                     "Reset failed execution."))
-        report_counts(self, request, changed=changed, skipped=selected - changed,
-                      done="Reset failed executions", why_skipped="not failed")
+        transition_action(self, request, queryset.count(), queryset, "reset_failed",
+                          logged="Reset failed execution.", done="Reset failed executions",
+                          why_skipped="not failed")
 
     @admin.action(description="Run finished executions again", permissions=["change"])
     def run_again(self, request: HttpRequest, queryset: ExecutionQuerySet) -> None:
-        selected = queryset.count()
-        changed = len(change_and_log(request, queryset, "run_again",
-                                     "Queued finished execution to run again."))
-        report_counts(self, request, changed=changed, skipped=selected - changed,
-                      done="Queued finished executions to run again",
-                      why_skipped="not finished")
+        transition_action(self, request, queryset.count(), queryset, "run_again",
+                          logged="Queued finished execution to run again.",
+                          done="Queued finished executions to run again",
+                          why_skipped="not finished")
 
     # -- extra views ---------------------------------------------------------------------
     def get_urls(self) -> list[URLPattern]:

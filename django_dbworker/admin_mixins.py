@@ -50,6 +50,15 @@ def report_counts(modeladmin: admin.ModelAdmin, request: HttpRequest, *, changed
     modeladmin.message_user(request, text + ".", messages.SUCCESS if changed else messages.WARNING)
 
 
+def transition_action(modeladmin: admin.ModelAdmin, request: HttpRequest, selected: int,
+                      executions: QuerySet[Execution], transition: str, *, logged: str,
+                      done: str, why_skipped: str) -> None:
+    """The body of an admin action that applies ``transition``: change, log, report."""
+    changed = len(change_and_log(request, executions, transition, logged))
+    report_counts(modeladmin, request, changed=changed, skipped=selected - changed, done=done,
+                  why_skipped=why_skipped)
+
+
 # The transitions a person makes from the admin: (ExecutionQuerySet method, the status it
 # applies to).
 TRANSITIONS = {"reset_failed": ExecutionStatus.FAILED, "run_again": ExecutionStatus.FINISHED}

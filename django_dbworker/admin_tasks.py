@@ -1,6 +1,6 @@
 """Tasks in the admin: their arguments, status, result, errors and attempts; retry, run
 again and delete. State changes go through the same Execution transitions as everything
-else (``admin_mixins.change_and_log``)."""
+else (``admin_mixins.transition_action``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from . import conf
-from .admin_mixins import change_and_log, report_counts
+from .admin_mixins import transition_action
 from .api import SourceKeyText
 from .models import Execution, Task
 from .templatetags.dbworker import STYLESHEET, status_badge
@@ -112,16 +112,12 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Retry failed tasks", permissions=["change"])
     def retry_failed(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
-        selected = queryset.count()
-        changed = len(change_and_log(request, task_executions(queryset), "reset_failed",
-                                     "Retried failed task."))
-        report_counts(self, request, changed=changed, skipped=selected - changed,
-                      done="Retried failed tasks", why_skipped="not failed")
+        transition_action(self, request, queryset.count(), task_executions(queryset),
+                          "reset_failed", logged="Retried failed task.",
+                          done="Retried failed tasks", why_skipped="not failed")
 
     @admin.action(description="Run finished tasks again", permissions=["change"])
     def run_again(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
-        selected = queryset.count()
-        changed = len(change_and_log(request, task_executions(queryset), "run_again",
-                                     "Queued finished task to run again."))
-        report_counts(self, request, changed=changed, skipped=selected - changed,
-                      done="Queued finished tasks to run again", why_skipped="not finished")
+        transition_action(self, request, queryset.count(), task_executions(queryset),
+                          "run_again", logged="Queued finished task to run again.",
+                          done="Queued finished tasks to run again", why_skipped="not finished")

@@ -555,3 +555,28 @@ class Pool:
             c.close()
         self.children, self.retired = [], []
         self._changed()
+
+
+def start_all(pools: Iterable[Pool]) -> None:
+    """Start every pool's first children and wait for their handshake (the strict one:
+    a child that cannot start stops set-up, naming why). On failure nothing is left
+    running."""
+    from multiprocessing.connection import wait
+
+    pools = list(pools)
+    try:
+        for pool in pools:
+            pool.start()
+        deadline = time.monotonic() + CHILD_START_SECONDS
+        while any(p.starting for p in pools):
+            watched = {h: p for p in pools for h in p.handles()}
+            ready = wait(list(watched), timeout=max(deadline - time.monotonic(), 0))
+            if not ready:
+                raise ImproperlyConfigured(
+                    f"Worker children did not start within {CHILD_START_SECONDS:.0f}s.")
+            for handle in ready:
+                watched[handle].on_ready(handle, strict=True)
+    except BaseException:
+        for pool in pools:
+            pool.kill()
+        raise

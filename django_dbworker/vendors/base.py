@@ -169,7 +169,7 @@ class Vendor:
         raise NotImplementedError
 
     def now_plus_sql(self, seconds: float) -> str:
-        raise NotImplementedError
+        return self.plus_seconds_sql(self.now_sql(), seconds)
 
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         """A timestamp column plus a number of seconds."""
@@ -223,6 +223,49 @@ class Vendor:
         raise NotImplementedError
 
     def create_trigger_sql(self, source: TriggerSource) -> list[str]:
+        """Row-level triggers (MySQL/MariaDB and SQLite; PostgreSQL uses statement-level
+        ones): insert -> a pending Execution, delete -> its history goes (except a row a
+        handler holds), and with rerun_on, a changed column -> pending again."""
+        names = source.names
+        table, pk = self.qn(source.table), self.qn(source.pk_column)
+        ex = self.qn(EXECUTION_TABLE)
+        insert = self.insert_ignore(EXECUTION_TABLE, self.EXECUTION_COLUMNS,
+                                    f"VALUES ({self.pending_row_values(source, 'NEW')})")
+        delete = (f"DELETE FROM {ex} WHERE worker = {source.worker('OLD')} "
+                  f"AND source_id = {self.text_key_sql(f'OLD.{pk}')} AND status <> 'working'")
+        statements = [
+            f"DROP TRIGGER IF EXISTS {names.insert}",
+            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} "
+            f"FOR EACH ROW {self.row_trigger_body(insert)}",
+            f"DROP TRIGGER IF EXISTS {names.delete}",
+            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} "
+            f"FOR EACH ROW {self.row_trigger_body(delete)}",
+            f"DROP TRIGGER IF EXISTS {names.update}",
+        ]
+        if source.rerun_on:
+            def changed(column: str) -> str:
+                return self.is_distinct_sql(f"OLD.{self.qn(column)}", f"NEW.{self.qn(column)}")
+
+            rerun = (f"UPDATE {ex} SET {self.rerun_set_sql(source, changed)} "
+                     f"WHERE worker = {source.worker('NEW')} "
+                     f"AND source_id = {self.text_key_sql(f'NEW.{pk}')} "
+                     f"AND {self.rerun_where_sql()}")
+            statements.append(self.rerun_trigger_sql(
+                names.update, table, [self.qn(c) for c in source.rerun_on],
+                " OR ".join(changed(c) for c in source.rerun_on), rerun))
+        return statements
+
+    def row_trigger_body(self, statement: str) -> str:
+        """What follows FOR EACH ROW for a trigger that runs one statement."""
+        raise NotImplementedError
+
+    def is_distinct_sql(self, a: str, b: str) -> str:
+        """a and b differ, NULLs compared as values."""
+        raise NotImplementedError
+
+    def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
+                          statement: str) -> str:
+        """An AFTER UPDATE row trigger that runs statement when condition holds."""
         raise NotImplementedError
 
     def trigger_names(self, source: TriggerSource) -> list[str]:
@@ -231,7 +274,7 @@ class Vendor:
         return [names.insert, names.delete, *([names.update] if source.rerun_on else [])]
 
     def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
-        raise NotImplementedError
+        return [f"DROP TRIGGER IF EXISTS {trigger}"]  # row triggers: nothing else to drop
 
     def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[str]]:
         """SELECT (trigger name, table name) of the triggers with exactly these names."""

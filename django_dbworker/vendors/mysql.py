@@ -7,7 +7,6 @@ from typing import Any
 
 from .base import (
     EXECUTION_TABLE,
-    TriggerSource,
     UnsupportedDatabase,
     Vendor,
     error_code,
@@ -80,9 +79,6 @@ class MySQL(Vendor):
         # Django stores UTC in DATETIME(6) columns; NOW() would be the session's zone.
         return "UTC_TIMESTAMP(6)"
 
-    def now_plus_sql(self, seconds: float) -> str:
-        return f"(UTC_TIMESTAMP(6) + INTERVAL {round(seconds * 1_000_000)} MICROSECOND)"
-
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         return f"({column_sql} + INTERVAL {round(seconds * 1_000_000)} MICROSECOND)"
 
@@ -127,36 +123,16 @@ class MySQL(Vendor):
         parts = ", ".join(f"IF({changed(c)}, '{c}, ', '')" for c in columns)
         return f"CONCAT('changed: ', TRIM(TRAILING ', ' FROM CONCAT({parts})))"
 
-    def create_trigger_sql(self, source: TriggerSource) -> list[str]:
-        names = source.names
-        table, pk = self.qn(source.table), self.qn(source.pk_column)
-        ex = self.qn(EXECUTION_TABLE)
-        insert = self.insert_ignore(EXECUTION_TABLE, self.EXECUTION_COLUMNS,
-                                    f"VALUES ({self.pending_row_values(source, 'NEW')})")
-        statements = [
-            f"DROP TRIGGER IF EXISTS {names.insert}",
-            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} FOR EACH ROW {insert}",
-            f"DROP TRIGGER IF EXISTS {names.delete}",
-            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} FOR EACH ROW "
-            f"DELETE FROM {ex} WHERE worker = {source.worker('OLD')} "
-            f"AND source_id = {self.text_key_sql(f'OLD.{pk}')} AND status <> 'working'",
-            f"DROP TRIGGER IF EXISTS {names.update}",
-        ]
-        if source.rerun_on:
-            def changed(column: str) -> str:
-                return f"NOT (OLD.{self.qn(column)} <=> NEW.{self.qn(column)})"
+    def row_trigger_body(self, statement: str) -> str:
+        return statement
 
-            any_changed = " OR ".join(changed(c) for c in source.rerun_on)
-            statements.append(
-                f"CREATE TRIGGER {names.update} AFTER UPDATE ON {table} FOR EACH ROW "
-                f"IF {any_changed} THEN UPDATE {ex} SET {self.rerun_set_sql(source, changed)} "
-                f"WHERE worker = {source.worker('NEW')} "
-                f"AND source_id = {self.text_key_sql(f'NEW.{pk}')} "
-                f"AND {self.rerun_where_sql()}; END IF")
-        return statements
+    def is_distinct_sql(self, a: str, b: str) -> str:
+        return f"NOT ({a} <=> {b})"
 
-    def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
-        return [f"DROP TRIGGER IF EXISTS {trigger}"]
+    def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
+                          statement: str) -> str:
+        return (f"CREATE TRIGGER {name} AFTER UPDATE ON {table} FOR EACH ROW "
+                f"IF {condition} THEN {statement}; END IF")
 
     def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         # information_schema compares names without regard to case: BINARY makes the

@@ -6,7 +6,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from .base import EXECUTION_TABLE, TriggerSource, UnsupportedDatabase, Vendor
+from .base import UnsupportedDatabase, Vendor
 
 
 class SQLite(Vendor):
@@ -104,38 +104,16 @@ class SQLite(Vendor):
     def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
         return f"INSERT OR IGNORE INTO {self.qn(table)} ({columns}) {select_sql}"
 
-    def create_trigger_sql(self, source: TriggerSource) -> list[str]:
-        names = source.names
-        table, pk = self.qn(source.table), self.qn(source.pk_column)
-        ex = self.qn(EXECUTION_TABLE)
-        insert = self.insert_ignore(EXECUTION_TABLE, self.EXECUTION_COLUMNS,
-                                    f"VALUES ({self.pending_row_values(source, 'NEW')})")
-        statements = [
-            f"DROP TRIGGER IF EXISTS {names.insert}",
-            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} BEGIN {insert}; END",
-            f"DROP TRIGGER IF EXISTS {names.delete}",
-            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} BEGIN "
-            f"DELETE FROM {ex} WHERE worker = {source.worker('OLD')} "
-            f"AND source_id = {self.text_key_sql(f'OLD.{pk}')} AND status <> 'working'; END",
-            f"DROP TRIGGER IF EXISTS {names.update}",
-        ]
-        if source.rerun_on:
-            def changed(column: str) -> str:
-                return f"OLD.{self.qn(column)} IS NOT NEW.{self.qn(column)}"
+    def row_trigger_body(self, statement: str) -> str:
+        return f"BEGIN {statement}; END"
 
-            columns = ", ".join(self.qn(c) for c in source.rerun_on)
-            any_changed = " OR ".join(changed(c) for c in source.rerun_on)
-            statements.append(
-                f"CREATE TRIGGER {names.update} AFTER UPDATE OF {columns} ON {table} "
-                f"FOR EACH ROW WHEN {any_changed} BEGIN "
-                f"UPDATE {ex} SET {self.rerun_set_sql(source, changed)} "
-                f"WHERE worker = {source.worker('NEW')} "
-                f"AND source_id = {self.text_key_sql(f'NEW.{pk}')} "
-                f"AND {self.rerun_where_sql()}; END")
-        return statements
+    def is_distinct_sql(self, a: str, b: str) -> str:
+        return f"{a} IS NOT {b}"
 
-    def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
-        return [f"DROP TRIGGER IF EXISTS {trigger}"]
+    def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
+                          statement: str) -> str:
+        return (f"CREATE TRIGGER {name} AFTER UPDATE OF {', '.join(columns)} ON {table} "
+                f"FOR EACH ROW WHEN {condition} BEGIN {statement}; END")
 
     def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         # sqlite_master compares names byte for byte (BINARY collation): exact.

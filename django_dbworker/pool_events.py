@@ -1,0 +1,101 @@
+"""What the coordinator does with what its pools report: results, deaths, timeouts.
+
+Every outcome is counted (the stats line and the metrics). A row whose handler never
+committed goes back through the release queue: as it was when the handler never started,
+or with the retry policy's decision when the attempt counts (a timeout, a child that died,
+a database error mid-handler).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from . import protocol
+from .pool import Died, Event, Pool, Reported, TimedOut
+from .registry import Worker
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .releases import ReleaseQueue
+    from .wakeups import Wakeups
+
+logger = logging.getLogger("django_dbworker.coordinator")
+
+
+class PoolEvents:
+    def __init__(self, stats: Counter[str], releases: ReleaseQueue, wakeups: Wakeups) -> None:
+        self.stats, self.releases, self.wakeups = stats, releases, wakeups
+        self.metrics: Metrics | None = None  # set when the coordinator serves /metrics
+
+    def count(self, worker: str, event: str, n: int = 1) -> None:
+        self.stats[event] += n
+        if self.metrics is not None:
+            self.metrics.count(worker, event, n)
+
+    def handle(self, pool: Pool, events: list[Event]) -> None:
+        name = pool.worker.name
+        for event in events:
+            if isinstance(event, Reported):
+                for claim, kind, detail, timing in event.results:
+                    self._on_result(pool.worker, claim, kind, detail)
+                    if timing is not None and self.metrics is not None:
+                        pickup = (timing[1] - claim.ready_at if claim is not None
+                                  and claim.ready_at is not None else None)
+                        self.metrics.observe(name, timing[0], pickup)
+                # A finished handler may have made rows claimable (here or for another
+                # worker, a dependent one): claim again.
+                self.wakeups.wake_all()
+            elif isinstance(event, Died):
+                self.count(name, "crashed")
+                if event.running is not None:
+                    self.interrupted(pool.worker, event.running, (
+                        "ChildDied", f"The child process died ({event.exit}) while running "
+                                     "the handler."))
+                for claim in event.others:
+                    self.give_back(claim, name)
+                self.wakeups.wake(name)
+            elif isinstance(event, TimedOut):
+                claim = event.claim
+                decision = pool.worker.retry_policy.after_failure(claim.attempt, timezone.now())
+                self.count(name, "retried" if decision.retried else "failed")
+                self.releases.add(claim, decision, (
+                    "TimeoutError",
+                    f"The handler ran longer than its timeout of {pool.worker.timeout}s."))
+                for claim in event.others:
+                    self.give_back(claim, name)
+                self.wakeups.wake(name)
+
+    def _on_result(self, worker: Worker, claim: protocol.Claim | None, kind: str,
+                   detail: Any) -> None:
+        if claim is None:
+            return  # given back already (a revoked row that the child skipped)
+        if kind == protocol.DONE:
+            self.count(worker.name, detail)
+        elif kind == protocol.SKIPPED:
+            self.give_back(claim, worker.name)
+        elif kind == protocol.LOST:
+            self.count(worker.name, "lost")
+            logger.warning("Worker %s lost its claim on execution %s: its writes were "
+                           "discarded", worker.name, claim.execution_id)
+        elif kind == protocol.INTERRUPTED:
+            self.count(worker.name, "interrupted")
+            logger.warning("Worker %s: database error during execution %s (%s); "
+                           "releasing it", worker.name, claim.execution_id, detail)
+            self.interrupted(worker, claim, ("Interrupted", f"The database failed while "
+                                                            f"the handler ran: {detail}"))
+
+    def give_back(self, claim: protocol.Claim, worker: str) -> None:
+        """A row whose handler never started (or never reached a commit): as it was."""
+        self.count(worker, "released")
+        self.releases.add(claim)
+
+    def interrupted(self, worker: Worker, claim: protocol.Claim,
+                    error: tuple[str, str]) -> None:
+        """An attempt cut short from outside: it counts, and the retry policy decides."""
+        self.count(worker.name, "released")
+        self.releases.add(claim, worker.retry_policy.after_interruption(
+            claim.attempt, timezone.now()), error)

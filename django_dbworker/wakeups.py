@@ -1,0 +1,101 @@
+"""How an idle coordinator learns that there may be work: wake-ups and back-off.
+
+Each worker has a :class:`~.backoff.Backoff` (claim again at once after work, doubling
+waits while idle). Three things wake it early: a ``NOTIFY`` from the triggers (PostgreSQL,
+on the one LISTEN connection), a change probe where there is no NOTIFY (one cheap query
+every ``PROBE_SECONDS``: SQLite's ``PRAGMA data_version``, else the largest Execution id),
+and the coordinator's own events (a handler finished, a row was given back, a pause
+lifted). The coordinator asks this object when to claim and what to wait on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .backoff import Backoff
+from .bridge import Bridge, Listener, listener_for
+from .vendors import PAUSE_NOTICE
+
+if TYPE_CHECKING:
+    from .options import Options
+    from .outage import DatabaseHealth
+
+logger = logging.getLogger("django_dbworker.coordinator")
+
+
+class Wakeups:
+    def __init__(self, workers: Iterable[str], settings: Options, health: DatabaseHealth) -> None:
+        self.settings, self.health = settings, health
+        self.backoff = {name: Backoff(settings.poll_seconds, settings.max_poll_seconds)
+                        for name in workers}
+        self.listener: Listener | None = None
+        self._no_notifications = False  # NOTIFY does not reach us (PgBouncer): probe instead
+        self._checked = False
+        self.next_probe = 0.0
+        self._token: Any = None
+
+    def wake(self, worker: str) -> None:
+        self.backoff[worker].wake()
+
+    def wake_all(self) -> None:
+        for backoff in self.backoff.values():
+            backoff.wake()
+
+    # -- NOTIFY ----------------------------------------------------------------------------
+    def listen(self, bridge: Bridge) -> None:
+        """LISTEN for wake-ups, if the database can, and check once that they arrive."""
+        if self._no_notifications or self.listener is not None or not bridge.vendor.notifies:
+            return
+        self.listener = self.health.call(listener_for, bridge)
+        if self.listener is None or self._checked:
+            return
+        hears = self.health.call(self.listener.hears, bridge)
+        if hears is None:
+            return  # the database failed meanwhile: checked at the next LISTEN
+        self._checked = True
+        if not hears:
+            logger.warning(
+                "NOTIFY does not reach this coordinator's LISTEN connection (PgBouncer in "
+                "transaction mode?): new rows are noticed by polling instead. Set "
+                "DBWORKER['LISTEN_DATABASE'] to a DATABASES alias that connects directly.")
+            self.close()
+            self._no_notifications = True
+
+    def on_notify(self) -> bool:
+        """The LISTEN socket is readable: wake the workers named. True if a pause or a
+        resume was announced."""
+        assert self.listener is not None
+        try:
+            names = self.listener.drain()
+        except Exception as exc:  # noqa: BLE001 - the listener's connection broke
+            logger.warning("LISTEN connection lost (%s); polling until it is back", exc)
+            self.close()
+            return False  # the next renewal listens again
+        for name in names:
+            if name in self.backoff:
+                self.backoff[name].wake()
+        return PAUSE_NOTICE in names
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
+    # -- no NOTIFY: the change probe ---------------------------------------------------------
+    def probe(self, bridge: Bridge, now: float) -> None:
+        """Has anything changed since the last look? One cheap query, so that the first
+        row after a long idle is picked up as fast as the next one."""
+        if self.listener is not None or now < self.next_probe:
+            return
+        self.next_probe = now + self.settings.probe_seconds
+        token = self.health.call(bridge.change_token)
+        if token is not None and token != self._token:
+            if self._token is not None:
+                self.wake_all()
+            self._token = token
+
+    def deadline(self) -> float | None:
+        """When the loop must look again for the probe's sake (None: NOTIFY wakes it)."""
+        return self.next_probe if self.listener is None else None
