@@ -22,20 +22,21 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from django.utils import timezone
 
-from . import failpoints, identity, protocol
-from .backoff import Backoff
-from .bridge import Bridge, Listener, listener_for
+from . import failpoints, identity
+from .bridge import Bridge
+from .due import DueRows
 from .installation import missing_triggers
 from .options import Options
 from .outage import DatabaseHealth, wait_for_database
-from .pool import SPAWN, ChildProcess, Died, Event, Pool, Reported, TimedOut
+from .pool import SPAWN, ChildProcess, Pool, start_all
+from .pool_events import PoolEvents
 from .recovery import Watchman
 from .registry import Worker, registry
 from .releases import ReleaseQueue
 from .schedules import Scheduler
-from .vendors import PAUSE_NOTICE, for_connection
+from .vendors import for_connection
+from .wakeups import Wakeups
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -70,24 +71,18 @@ class Coordinator:
         self.stats: Counter[str] = Counter()
         self.pools: list[Pool] = []
         self.bridge: Bridge | None = None
-        self.listener: Listener | None = None
         # Made in set_up(), with the bridge they use.
         self.health: DatabaseHealth
         self.releases: ReleaseQueue
         self.watchman: Watchman
+        self.wakeups: Wakeups
+        self.events: PoolEvents
+        self.due: DueRows
         self.scheduler: Scheduler | None = None
         self.metrics: Metrics | None = None
         self.probes: ProbeServer | None = None
         self._paused: set[str] = set()
-        self._no_notifications = False  # NOTIFY does not reach us (PgBouncer): poll
-        self._listening_checked = False
-        self._next_probe = 0.0
-        self._change_token: Any = None
         self._last_pass = time.monotonic()
-        self._backoff: dict[str, Backoff] = {}
-        # Monotonic time each worker's first waiting row is due (None: none waits). Each
-        # worker starts by looking.
-        self._due: dict[str, float | None] = {}
         self._stopping = False
         self._force = False
         self._stop_deadline: float | None = None
@@ -183,7 +178,8 @@ class Coordinator:
         wait_for_database(self.settings.database, self.settings.wait_for_database)
         self.check()
         self.bridge = bridge = Bridge(self.settings.database, self.settings.lease_seconds)
-        self.health = DatabaseHealth(bridge.vendor, bridge.ping, self.settings.poll_seconds)
+        self.health = DatabaseHealth(bridge.vendor, bridge.ping, self.settings.poll_seconds,
+                                     on_back=bridge.reset_connections)
         self.releases = ReleaseQueue(bridge, self.health)
         self.scheduler = Scheduler(self.settings.database) if self.settings.schedules else None
         self.watchman = Watchman(bridge, self.workers, self.host, identity.namespace(),
@@ -191,22 +187,16 @@ class Coordinator:
         databases = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
         self.pools = [Pool(w, self.settings.concurrency[w.name], self._spawner(w, databases))
                       for w in self.workers]
-        self._backoff = {
-            w.name: Backoff(self.settings.poll_seconds, self.settings.max_poll_seconds)
-            for w in self.workers
-        }
-        self._due = dict.fromkeys(self._backoff, 0.0)
+        self.wakeups = Wakeups([w.name for w in self.workers], self.settings, self.health)
+        self.events = PoolEvents(self.stats, self.releases, self.wakeups)
+        self.due = DueRows(bridge, self.health, self.workers, self.settings.poll_seconds)
         try:
-            for pool in self.pools:
-                pool.start()
-            self._wait_until_ready()
+            start_all(self.pools)
         except BaseException:
-            for pool in self.pools:
-                pool.kill()
             bridge.close()
             raise
         self._register()
-        self._listen()
+        self.wakeups.listen(bridge)
         self._refresh_pauses()
         if self.settings.metrics_port is not None:
             self._serve_probes(self.settings.metrics_port)
@@ -222,27 +212,6 @@ class Coordinator:
             return ChildProcess(worker, databases, self.settings.database, self._stop_flag)
         return spawn
 
-    def _listen(self) -> None:
-        """LISTEN for wake-ups, if the database can, and check once that they arrive."""
-        assert self.bridge is not None
-        if self._no_notifications:
-            return
-        self.listener = self.health.call(listener_for, self.bridge)
-        if self.listener is None or self._listening_checked:
-            return
-        hears = self.health.call(self.listener.hears, self.bridge)
-        if hears is None:
-            return  # the database failed meanwhile: checked at the next LISTEN
-        self._listening_checked = True
-        if not hears:
-            logger.warning(
-                "NOTIFY does not reach this coordinator's LISTEN connection (PgBouncer in "
-                "transaction mode?): new rows are noticed by polling instead. Set "
-                "DBWORKER['LISTEN_DATABASE'] to a DATABASES alias that connects directly.")
-            self.listener.close()
-            self.listener = None
-            self._no_notifications = True
-
     def _serve_probes(self, port: int) -> None:
         from .metrics import Metrics
         from .probes import ProbeServer
@@ -251,6 +220,7 @@ class Coordinator:
         bridge = self.bridge
         self.metrics = Metrics(self.workers, lambda: bridge.backlog(self.workers),
                                lambda: {p.worker.name: len(p.busy) for p in self.pools})
+        self.events.metrics = self.metrics
         self.probes = ProbeServer(port, self.metrics.registry, self.probe_state)
         self.probes.start()
         logger.info("Serving /metrics, /healthz and /readyz on port %d", self.probes.port)
@@ -260,20 +230,6 @@ class Coordinator:
         return {"last_pass": self._last_pass, "stopping": self._stopping,
                 "database": self.health.down_since is None,
                 "children_ready": not any(p.starting for p in self.pools)}
-
-    def _wait_until_ready(self) -> None:
-        """The first children's handshake: one that cannot start stops set-up, naming why."""
-        from .pool import CHILD_START_SECONDS
-
-        deadline = time.monotonic() + CHILD_START_SECONDS
-        while any(p.starting for p in self.pools):
-            watched = {h: p for p in self.pools for h in p.handles()}
-            ready = wait(list(watched), timeout=max(deadline - time.monotonic(), 0))
-            if not ready:
-                raise ImproperlyConfigured(
-                    f"Worker children did not start within {CHILD_START_SECONDS:.0f}s.")
-            for handle in ready:
-                watched[handle].on_ready(handle, strict=True)
 
     def _register(self) -> None:
         """Record this coordinator for the admin (retried with each renewal while the
@@ -297,9 +253,8 @@ class Coordinator:
             pool.stop()
         for pool in self.pools:
             pool.join(10)
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
+        if self.bridge is not None:
+            self.wakeups.close()
         if self.probes is not None:
             self.probes.stop()
             self.probes = None
@@ -318,7 +273,7 @@ class Coordinator:
         # Draining looks for expired leases as often as it renews: it ends only when
         # nothing is left, and an expired lease is work left.
         recover_every = renew_every if drain else lease / 2
-        next_renew = next_recover = next_pauses = self._next_probe = time.monotonic()
+        next_renew = next_recover = next_pauses = time.monotonic()
         next_status = time.monotonic() + self.settings.status_interval
         while True:
             now = self._last_pass = time.monotonic()
@@ -330,16 +285,17 @@ class Coordinator:
             for pool in self.pools:
                 pool.tick(now)
                 events, revoked = pool.check(now)
-                self._on_events(pool, events)
+                self.events.handle(pool, events)
                 for claim in revoked:
-                    self._give_back(claim, pool.worker.name)
+                    self.events.give_back(claim, pool.worker.name)
                 if revoked:
-                    self._backoff[pool.worker.name].wake()
+                    self.wakeups.wake(pool.worker.name)
             if self.health.available(now):
                 if not self._stopping:
                     if self.scheduler:
                         self.health.call(self.scheduler.run)
-                    self._promote_due(now)
+                    for name in self.due.promote_due(self.workers, now):
+                        self.wakeups.wake(name)
                     self._claim(now, drain)
                 self.releases.flush()
                 if now >= next_renew:
@@ -351,8 +307,8 @@ class Coordinator:
                 if now >= next_pauses:  # (PostgreSQL also tells at once, by NOTIFY)
                     self.health.call(self._refresh_pauses)
                     next_pauses = now + self.settings.poll_seconds
-                if self.listener is None and now >= self._next_probe and not self._stopping:
-                    self._probe_changes(now)
+                if not self._stopping:
+                    self.wakeups.probe(self.bridge, now)
             if now >= next_status:
                 logger.info("Status: %s", self.stats_line())
                 next_status = now + self.settings.status_interval
@@ -381,7 +337,7 @@ class Coordinator:
         for pool in self.pools:
             if pool.worker.name in self._paused:
                 continue  # its running handlers finish; it claims nothing new
-            backoff = self._backoff[pool.worker.name]
+            backoff = self.wakeups.backoff[pool.worker.name]
             free = pool.free_slots(now)
             if free > 0 and (now >= backoff.next_at or (drain and not backoff.exhausted)):
                 claims = self.health.call(self.bridge.claim, pool.worker, free, self.identity)
@@ -389,54 +345,33 @@ class Coordinator:
                     return  # the database failed: the outage (or wait) is under way
                 if claims:
                     failpoints.reached("coordinator.after_claim")
-                    self._count(pool.worker.name, "claimed", len(claims))
+                    self.events.count(pool.worker.name, "claimed", len(claims))
                     for claim in pool.distribute(claims, now):  # a child died as we sent
-                        self._give_back(claim, pool.worker.name)
+                        self.events.give_back(claim, pool.worker.name)
                     backoff.found_work()
-                elif self._promote(pool.worker, now):
+                elif self.due.promote(pool.worker, now):
                     backoff.wake()  # rows were waiting for their due time: claim them
                 else:
                     backoff.found_nothing(now)
 
-    def _promote(self, worker: Worker, now: float) -> bool:
-        """Make the worker's rows whose due time came claimable (retries, run_after,
-        rerun_every), and learn when the next one is due. True if it promoted any."""
-        assert self.bridge is not None
-        due = self._due.get(worker.name)
-        promoted = 0
-        if due is None or due <= now:
-            promoted = self.health.call(self.bridge.promote_due, worker) or 0
-        seconds = self.health.call(self.bridge.seconds_until_due, worker)
-        if seconds is None:
-            self._due[worker.name] = None  # none waits (or the database failed: next claim)
-        else:
-            # Not before a poll when nothing was due yet: the clocks may disagree a little.
-            self._due[worker.name] = now + max(seconds, 0.0 if promoted else
-                                               self.settings.poll_seconds)
-        return promoted > 0
-
-    def _promote_due(self, now: float) -> None:
-        for pool in self.pools:
-            due = self._due.get(pool.worker.name)
-            if due is not None and due <= now and self._promote(pool.worker, now):
-                self._backoff[pool.worker.name].wake()
-
     def _drained(self) -> bool:
         return not len(self.releases) and all(
-            not p.busy and (self._backoff[p.worker.name].exhausted or p.worker.name in self._paused)
+            not p.busy and (self.wakeups.backoff[p.worker.name].exhausted
+                            or p.worker.name in self._paused)
             for p in self.pools)
 
     def _timeout(self, now: float, next_renew: float) -> float:
         deadlines = [next_renew]
         if not self._stopping:
-            deadlines.extend(self._backoff[p.worker.name].next_at for p in self.pools
+            deadlines.extend(self.wakeups.backoff[p.worker.name].next_at for p in self.pools
                              if p.free_slots(now) > 0)
-            deadlines.extend(d for d in self._due.values() if d is not None)
+            deadlines.extend(self.due.deadlines())
             slot = self.scheduler.due_at() if self.scheduler else None
             if slot is not None:  # (wall clock, for cron times; the loop waits in monotonic)
                 deadlines.append(now + max((slot - datetime.now(UTC)).total_seconds(), 0.0))
-            if self.listener is None:
-                deadlines.append(self._next_probe)
+            probe = self.wakeups.deadline()
+            if probe is not None:
+                deadlines.append(probe)
         health = self.health.deadline()
         if health is not None:
             deadlines.append(health)
@@ -455,136 +390,40 @@ class Coordinator:
                     os.read(self._wake_r, 1024)
                 except BlockingIOError:
                     pass
-            elif owner is self.listener:
-                self._on_notify()
+            elif owner is self.wakeups:
+                if self.wakeups.on_notify():
+                    self.health.call(self._refresh_pauses)
             else:
-                self._on_events(owner, owner.on_ready(ready))
+                self.events.handle(owner, owner.on_ready(ready))
 
     def _watch_list(self) -> dict[Any, Any]:
         """Everything to wait on, rebuilt only when a pool's children or the listener
         changed."""
         handles = [p.handles() for p in self.pools]
-        key = (id(self.listener), *(p.version for p in self.pools))
+        listener = self.wakeups.listener
+        key = (id(listener), *(p.version for p in self.pools))
+        # (an id can be reused by the next listener: check that it is the one watched)
         if self._watched is None or self._watched[0] != key or (
-                self.listener is not None and self.listener not in self._watched[1]):
+                listener is not None and listener not in self._watched[1]):
             watched: dict[Any, Any] = {self._wake_r: None}
-            if self.listener is not None:
-                watched[self.listener] = self.listener
+            if listener is not None:
+                watched[listener] = self.wakeups
             for pool, mapping in zip(self.pools, handles, strict=True):
                 watched.update(dict.fromkeys(mapping, pool))
             self._watched = (key, watched)
         return self._watched[1]
 
-    # -- what the pools report -------------------------------------------------------------
-    def _on_events(self, pool: Pool, events: list[Event]) -> None:
-        name = pool.worker.name
-        for event in events:
-            if isinstance(event, Reported):
-                for claim, kind, detail, timing in event.results:
-                    self._on_result(pool.worker, claim, kind, detail)
-                    if timing is not None and self.metrics is not None:
-                        pickup = (timing[1] - claim.ready_at if claim is not None
-                                  and claim.ready_at is not None else None)
-                        self.metrics.observe(name, timing[0], pickup)
-                # A finished handler may have made rows claimable (here or for another
-                # worker, a dependent one): claim again.
-                for backoff in self._backoff.values():
-                    backoff.wake()
-            elif isinstance(event, Died):
-                self._count(name, "crashed")
-                if event.running is not None:
-                    self._interrupted(pool.worker, event.running, (
-                        "ChildDied", f"The child process died ({event.exit}) while running "
-                                     "the handler."))
-                for claim in event.others:
-                    self._give_back(claim, name)
-                self._backoff[name].wake()
-            elif isinstance(event, TimedOut):
-                claim = event.claim
-                decision = pool.worker.retry_policy.after_failure(claim.attempt, timezone.now())
-                self._count(name, "retried" if decision.retried else "failed")
-                self.releases.add(claim, decision, (
-                    "TimeoutError",
-                    f"The handler ran longer than its timeout of {pool.worker.timeout}s."))
-                for claim in event.others:
-                    self._give_back(claim, name)
-                self._backoff[name].wake()
-
-    def _on_result(self, worker: Worker, claim: protocol.Claim | None, kind: str,
-                   detail: Any) -> None:
-        if claim is None:
-            return  # given back already (a revoked row that the child skipped)
-        if kind == protocol.DONE:
-            self._count(worker.name, detail)
-        elif kind == protocol.SKIPPED:
-            self._give_back(claim, worker.name)
-        elif kind == protocol.LOST:
-            self._count(worker.name, "lost")
-            logger.warning("Worker %s lost its claim on execution %s: its writes were "
-                           "discarded", worker.name, claim.execution_id)
-        elif kind == protocol.INTERRUPTED:
-            self._count(worker.name, "interrupted")
-            logger.warning("Worker %s: database error during execution %s (%s); "
-                           "releasing it", worker.name, claim.execution_id, detail)
-            self._interrupted(worker, claim, ("Interrupted", f"The database failed while "
-                                                             f"the handler ran: {detail}"))
-
-    def _give_back(self, claim: protocol.Claim, worker: str) -> None:
-        """A row whose handler never started (or never reached a commit): as it was."""
-        self._count(worker, "released")
-        self.releases.add(claim)
-
-    def _interrupted(self, worker: Worker, claim: protocol.Claim,
-                     error: tuple[str, str]) -> None:
-        """An attempt cut short from outside: it counts, and the retry policy decides."""
-        self._count(worker.name, "released")
-        self.releases.add(claim, worker.retry_policy.after_interruption(
-            claim.attempt, timezone.now()), error)
-
-    def _count(self, worker: str, event: str, n: int = 1) -> None:
-        self.stats[event] += n
-        if self.metrics is not None:
-            self.metrics.count(worker, event, n)
-
     def _wake(self, worker: str) -> None:
-        self._backoff[worker].wake()
-
-    def _on_notify(self) -> None:
-        assert self.listener is not None
-        try:
-            names = self.listener.drain()
-        except Exception as exc:  # noqa: BLE001 - the listener's connection broke
-            logger.warning("LISTEN connection lost (%s); polling until it is back", exc)
-            self.listener.close()
-            self.listener = None
-            return  # the next renewal listens again
-        for name in names:
-            if name in self._backoff:
-                self._backoff[name].wake()
-        if PAUSE_NOTICE in names:
-            self.health.call(self._refresh_pauses)
-
-    def _probe_changes(self, now: float) -> None:
-        """No notifications: has anything been inserted since the last look? One cheap
-        query (SQLite: PRAGMA data_version; else MAX(id) of Execution), so that the first
-        row after a long idle is picked up as fast as the next one."""
-        assert self.bridge is not None
-        self._next_probe = now + self.settings.probe_seconds
-        token = self.health.call(self.bridge.change_token)
-        if token is not None and token != self._change_token:
-            if self._change_token is not None:
-                for backoff in self._backoff.values():
-                    backoff.wake()
-            self._change_token = token
+        self.wakeups.wake(worker)
 
     def _refresh_pauses(self) -> None:
         assert self.bridge is not None
-        paused = self.bridge.paused_workers() & set(self._backoff)
+        paused = self.bridge.paused_workers() & set(self.wakeups.backoff)
         for name in sorted(paused - self._paused):
             logger.warning("Worker %s is paused: no new claims (running handlers finish)", name)
         for name in sorted(self._paused - paused):
             logger.warning("Worker %s is resumed", name)
-            self._backoff[name].wake()
+            self.wakeups.wake(name)
         self._paused = paused
 
     # -- leases -------------------------------------------------------------------------
@@ -594,8 +433,7 @@ class Coordinator:
         self.bridge.renew([*(claim for pool in self.pools for claim in pool.claims()),
                            *self.releases.claims()])
         failpoints.reached("coordinator.after_renew")
-        if self.listener is None and self.bridge.vendor.notifies:
-            self._listen()  # back to wake-ups instead of polling
+        self.wakeups.listen(self.bridge)  # after a lost LISTEN: back to wake-ups
         if self._coordinator_id is None:
             self._register()
         else:
@@ -606,5 +444,5 @@ class Coordinator:
         Their transactions never committed; an interrupted attempt is not counted."""
         for pool in self.pools:
             for claim in pool.kill():
-                self._give_back(claim, pool.worker.name)
+                self.events.give_back(claim, pool.worker.name)
         logger.warning("Terminated running handlers; their rows are claimable again")

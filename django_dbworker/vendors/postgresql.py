@@ -66,11 +66,25 @@ class PostgreSQL(Vendor):
         # A network that drops packets (a partition) must fail the coordinator's
         # statements within seconds, not after TCP's quarter of an hour: then its outage
         # handling takes over and it claims nothing until the database is back.
-        return {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10,
-                "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 15000,
-                **given}
+        args: dict[str, Any] = {
+            "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10,
+            "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 15000}
+        if self.behind_transaction_pooler():
+            # psycopg prepares statements it runs often; behind PgBouncer in transaction
+            # pooling the next transaction may meet another server connection, where that
+            # statement does not exist.
+            args["prepare_threshold"] = None
+        return {**args, **given}
+
+    def behind_transaction_pooler(self) -> bool:
+        """Django's own sign of PgBouncer in transaction pooling (its docs ask for it)."""
+        return bool(self.connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
 
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
+        if self.behind_transaction_pooler():
+            # Session settings would stay on whichever server connection ran them, for
+            # other clients of the pooler (your web processes) too: none are made.
+            return
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
         # The coordinator's own writes (claims, renewals, releases, heartbeats) need not
@@ -91,9 +105,6 @@ class PostgreSQL(Vendor):
 
     def now_sql(self) -> str:
         return "now()"
-
-    def now_plus_sql(self, seconds: float) -> str:
-        return f"(now() + interval '{float(seconds):.6f} seconds')"
 
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         return f"({column_sql} + interval '{float(seconds):.6f} seconds')"
