@@ -484,7 +484,13 @@ class Bridge:
             dead = [r for r in others if not alive(r.pid)]
             if not dead:
                 return []
-            self._end_leases(conn, [f"{host}:{r.pid}" for r in dead])
+            # Claims say host:pid only. A coordinator of another PID namespace with the
+            # same host name (a container) may have that very pid and be alive: its
+            # claims read the same, so those leases are left to run out instead.
+            shared = set(conn.execute(
+                sa.select(h.c.pid).where(h.c.host == host, h.c.namespace != namespace,
+                                         h.c.pid.in_([r.pid for r in dead]))).scalars())
+            self._end_leases(conn, [f"{host}:{r.pid}" for r in dead if r.pid not in shared])
             conn.execute(sa.delete(h).where(h.c.id.in_([r.id for r in dead])))
         return [r.pid for r in dead]
 
@@ -562,6 +568,14 @@ class Bridge:
         return {r[0]: (int(r[1]), ages.get(r[0])) for r in rows}
 
     # -- diagnostics --------------------------------------------------------------------
+    def reset_connections(self) -> None:
+        """Close the pool's connections and the change probe's (after an outage: they
+        were opened before it)."""
+        if self._probe is not None:
+            self._probe.invalidate()
+            self._probe = None
+        self.engine.dispose()
+
     def ping(self) -> None:
         """One round trip: raises while the database is unreachable."""
         with self.engine.connect() as conn:

@@ -36,9 +36,11 @@ class DatabaseHealth:
     REMIND_SECONDS = 30.0
     DEADLOCK_RETRIES = 3
 
-    def __init__(self, vendor: Vendor, probe: Callable[[], Any], poll_seconds: float) -> None:
+    def __init__(self, vendor: Vendor, probe: Callable[[], Any], poll_seconds: float,
+                 on_back: Callable[[], Any] | None = None) -> None:
         self.vendor = vendor
         self._probe = probe
+        self._on_back = on_back  # when an outage ends (drop connections opened before it)
         self.poll_seconds = poll_seconds
         self.down_since: float | None = None
         self._next_probe = 0.0
@@ -62,6 +64,10 @@ class DatabaseHealth:
             return False
         logger.warning("Database available again after %.1fs of outage; resuming",
                        now - self.down_since)
+        if self._on_back is not None:
+            # Pooled connections from before a server restart are dead, and each would
+            # fail its next statement and begin a second "outage".
+            self._on_back()
         self.down_since = None
         self._probe_delay = self.PROBE_FIRST
         return True
