@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Max, Min, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -145,13 +145,7 @@ class Dashboard:
         # (status, finished_at) index: the last hour's failures, and the last hour's ends
         # per minute for the chart: a range of it, never the history.
         hour_ago = now - timedelta(minutes=ACTIVITY_MINUTES)
-        for worker, status, minute, n in (
-                executions.filter(status__in=[ExecutionStatus.FINISHED, ExecutionStatus.FAILED],
-                                  finished_at__gte=hour_ago)
-                # In UTC: the minutes of an hour are the same everywhere, and MySQL then
-                # needs no time zone tables.
-                .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
-                .values_list("worker", "status", "minute").annotate(n=Count("*"))):
+        for worker, status, minute, n in chart_query(executions, hour_ago):
             s = summary(worker)
             slot = s.activity.setdefault(int((minute - hour_ago).total_seconds() // 60), [0, 0])
             slot[status == ExecutionStatus.FAILED] += n
@@ -215,6 +209,20 @@ def _task_status(database: str, task_id: Any) -> str | None:
     key = source_key(worker, task.pk) if worker else str(task.pk)
     return (Execution.objects.using(database).filter(worker=task.worker_name, source_id=key)
             .values_list("status", flat=True).first())
+
+
+def chart_query(executions: QuerySet[Execution], since: datetime) -> QuerySet[Any]:
+    """(worker, status, minute, count) of the executions that ended since ``since``.
+
+    The range is read off the (status, finished_at) index in a subquery: grouped by worker
+    in one query, SQLite's planner would rather walk the (worker, status) index, that is
+    the whole history, than sort the last hour's rows."""
+    ended = (executions.filter(status__in=[ExecutionStatus.FINISHED, ExecutionStatus.FAILED],
+                               finished_at__gte=since).order_by().values("id"))
+    # In UTC: the minutes of an hour are the same everywhere, and MySQL then needs no time
+    # zone tables.
+    return (executions.filter(id__in=ended).annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
+            .values_list("worker", "status", "minute").annotate(n=Count("*")).order_by())
 
 
 def activity_svg(activity: dict[int, list[int]], width: int = 240, height: int = 36) -> SafeString:

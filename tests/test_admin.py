@@ -451,3 +451,25 @@ def test_mixin_reset_action_needs_execution_change_permission(viewer_client: Cli
     assert page.status_code == 200 and page.context["action_form"] is None
     run_action(viewer_client, DOCUMENTS, "reset_failed_docs", [d.pk for d in documents])
     assert statuses(documents) == [ExecutionStatus.FAILED] * 2
+
+
+# -- every change a person makes is in the object's history ------------------------------
+@pytest.mark.parametrize("changelist,action,prepare,logged", [
+    (CHANGELIST, "reset_failed", fail, "Reset failed execution."),
+    (CHANGELIST, "run_again", lambda e: finish(e), "Queued finished execution to run again."),
+    (DOCUMENTS, "reset_failed_docs", fail, None),
+])
+def test_admin_actions_leave_a_log_entry_per_changed_execution(
+        admin_client: Client, admin_user: Any, changelist: str, action: str, prepare: Any,
+        logged: str | None) -> None:
+    documents = make_documents(3)
+    prepare(docs_executions(documents[:2]))  # the third is pending: not changed, not logged
+    selected = ([d.pk for d in documents] if changelist == DOCUMENTS
+                else list(docs_executions(documents).values_list("pk", flat=True)))
+    run_action(admin_client, changelist, action, selected)
+    changed = {str(pk) for pk in docs_executions(documents[:2]).values_list("pk", flat=True)}
+    entries = LogEntry.objects.filter(content_type__model="execution")
+    assert {e.object_id for e in entries} == changed
+    assert all(e.user_id == admin_user.pk and e.is_change() for e in entries)
+    if logged is not None:
+        assert {e.get_change_message() for e in entries} == {logged}

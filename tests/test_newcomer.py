@@ -34,6 +34,7 @@ def test_migrate_reports_the_triggers_it_installs_and_the_rows_it_makes_pending(
     out = StringIO()
     install("default", report=Report(verbosity=1, out=out))
     text = out.getvalue()
+    print("\nmigrate reported:\n" + text)
     names = for_connection(connection).trigger_names(registry["docs"].trigger_source())
     for name in names:
         assert f"installed trigger {name} on {registry['docs'].table} (worker docs)" in text

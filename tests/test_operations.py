@@ -202,6 +202,7 @@ def test_a_failure_is_logged_with_the_exception_for_logging_integrations(tmp_pat
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     [line] = [x for x in err.splitlines() if "failed on attempt" in x]
+    print("\n" + "\n".join(x for x in err.splitlines() if "Worker docs" in x))
     assert "WARNING" in line and f"source {failing.pk}" in line
     assert "ValueError: cannot handle document" in line and "attempt 1 of 1" in line
     assert "Traceback (most recent call last)" in err  # exc_info: the handler's traceback
@@ -246,3 +247,63 @@ def test_the_dashboard_fragment_and_chart(admin_client):
     assert "<html" not in fragment.text and 'data-worker="docs"' in fragment.text
     assert fragment.text.count('class="dbworker-bar-finished"') >= 1
     assert "dbworker-bar-failed" in fragment.text
+
+
+# -- the gauges and the chart read indexes, never the history ------------------------------
+def _plan(bridge, sql: str) -> str:
+    from django.db import connection
+
+    prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+    return "\n".join(" ".join(map(str, r)) for r in bridge.execute(prefix + sql))
+
+
+def test_the_gauges_and_the_chart_read_indexes_not_the_history():
+    """A large finished history (DBWORKER_EXPLAIN_HISTORY, default 100,000; the docs' figure
+    is 1,000,000) and a small backlog: the /metrics gauges' two statements and the
+    dashboard chart's query are index reads whose plans never scan the Execution table."""
+    from datetime import UTC, datetime, timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from django_dbworker.bridge import Bridge
+    from django_dbworker.dashboard import chart_query
+    from django_dbworker.registry import registry
+
+    n = int(os.environ.get("DBWORKER_EXPLAIN_HISTORY", "100000"))
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    Execution.objects.bulk_create(
+        [Execution(worker="docs", source_id=f"h{i}", status="finished", finished_at=old,
+                   attempts=1) for i in range(n)], batch_size=5000)
+    Document.objects.bulk_create([Document(title=f"b{i}") for i in range(20)])  # the backlog
+    analyze = {"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}", "sqlite": "ANALYZE"}
+    with connection.cursor() as cursor:
+        cursor.execute(analyze[connection.vendor].format(
+            connection.ops.quote_name(Execution._meta.db_table)))
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    hour_ago = timezone.now() - timedelta(hours=1)
+    chart = chart_query(Execution.objects.all(), hour_ago)  # what the dashboard runs
+    bridge = Bridge()
+    try:
+        import sqlalchemy as sa
+
+        e = bridge.execution
+        gauge = sa.select(e.c.claimable_worker, sa.func.count(), sa.func.min(e.c.id)).where(
+            e.c.claimable_worker.in_(["docs"])).group_by(e.c.claimable_worker)
+        gauge_sql = str(gauge.compile(bridge.engine, compile_kwargs={"literal_binds": True}))
+        backlog = bridge.backlog([registry["docs"]])
+        plans = {"gauges": _plan(bridge, gauge_sql), "chart": chart.explain()}
+    finally:
+        bridge.close()
+    print("\n\n".join(f"{k}:\n{v}" for k, v in plans.items()))
+    assert backlog["docs"][0] == 20  # the history is not counted as backlog
+    table = Execution._meta.db_table
+    for name, plan in plans.items():
+        if connection.vendor == "postgresql":
+            assert f"Seq Scan on {table}" not in plan, (name, plan)
+        elif connection.vendor == "mysql":
+            assert not any(f" {table} ALL " in f" {line} " for line in plan.splitlines()), (name, plan)
+        else:
+            # (SCAN ... USING INDEX is still a walk over every row: SEARCH is a range.)
+            assert f"SCAN {table}" not in plan, (name, plan)
