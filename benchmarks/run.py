@@ -465,12 +465,34 @@ def drain_tasks_backend(n: int, cfg: Cfg) -> dict[str, Any]:
     db, system = "postgres", "dbworker-tasks"
     reset(db)
     pks = queue_jobs(db, n)
+    enqueue_ms = timed_enqueues(handle_job, pks, system)
     with transaction.atomic(using=db):
-        for pk in pks:
+        for pk in pks[len(enqueue_ms):]:
             handle_job.enqueue(pk, system)
     analyze(db)
-    return drain_started(db, system, n, cfg, lambda: [
+    result = drain_started(db, system, n, cfg, lambda: [
         manage(db, ["runworkers", "--queue", "bench", "--drain", "-v0"], cfg.log)])
+    return {**result, **enqueue_summary(enqueue_ms)}
+
+
+ENQUEUE_SAMPLES = 500
+
+
+def timed_enqueues(task: Any, pks: list[int], system: str) -> list[float]:
+    """The first ENQUEUE_SAMPLES enqueues one by one, each its own transaction (as a view
+    outside atomic() would call it): how long the call takes, in ms."""
+    samples = []
+    for pk in pks[:ENQUEUE_SAMPLES]:
+        started = time.perf_counter()
+        task.enqueue(pk, system)
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def enqueue_summary(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    return {"enqueue_ms": {"n": len(ordered), "p50": round(statistics.median(ordered), 3),
+                           "p95": round(ordered[int(len(ordered) * 0.95) - 1], 3)}}
 
 
 def drain_tasks_db(n: int, cfg: Cfg) -> dict[str, Any]:
@@ -483,14 +505,16 @@ def drain_tasks_db(n: int, cfg: Cfg) -> dict[str, Any]:
     reset(db)
     pks = queue_jobs(db, n)
     task = handle_job.using(backend="tasksdb")
+    enqueue_ms = timed_enqueues(task, pks, system)
     with transaction.atomic(using=db):
-        for pk in pks:
+        for pk in pks[len(enqueue_ms):]:
             task.enqueue(pk, system)
     analyze(db)
     args = ["db_worker", "--backend", "tasksdb", "--queue-name", "bench", "--batch",
             "--no-startup-delay", "--no-reload", "-v0"]
-    return drain_started(db, system, n, cfg, lambda: [
+    result = drain_started(db, system, n, cfg, lambda: [
         manage(db, args, cfg.log, BENCH_CONN_MAX_AGE="none") for _ in range(2)])
+    return {**result, **enqueue_summary(enqueue_ms)}
 
 
 PROCRASTINATE_WORKERS, PROCRASTINATE_CONCURRENCY = 2, 1
@@ -874,6 +898,10 @@ def print_drain(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
         print(f"  {name:<{W}}{fmt(row['jobs_per_s']):>10}"
               f"{'-' if share is None else f'{share:.2f}x':>12}{fmt(row['duplicates']):>11}"
               f"{fmt(row.get('coordinator_mb')):>14}{fmt(row.get('child_mb')):>14}")
+        if row.get("enqueue_ms_p50") is not None:
+            print(f"  {'':<{W}}  enqueue() call p50 {row['enqueue_ms_p50']:.2f} ms, "
+                  f"p95 {row['enqueue_ms_p95']:.2f} ms ({ENQUEUE_SAMPLES} calls, "
+                  "each its own transaction)")
 
 
 def print_pickup(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
@@ -934,6 +962,9 @@ def summarize_drains(drains: dict[str, list[dict[str, Any]]],
             or None,
             "child_mb": max((x.get("child_mb_max", 0) for x in rss), default=None) or None,
         }
+        if runs[0].get("enqueue_ms"):  # the task backends: how long one enqueue() call takes
+            out[name]["enqueue_ms_p50"] = median_of([r["enqueue_ms"] for r in runs], "p50")
+            out[name]["enqueue_ms_p95"] = median_of([r["enqueue_ms"] for r in runs], "p95")
     ceiling = {runs[0]["db"]: {"system": name, "jobs_per_s": out[name]["jobs_per_s"]}
                for name, runs in drains.items() if runs[0].get("ceiling")}
     for row in out.values():
