@@ -473,3 +473,15 @@ def test_admin_actions_leave_a_log_entry_per_changed_execution(
     assert all(e.user_id == admin_user.pk and e.is_change() for e in entries)
     if logged is not None:
         assert {e.get_change_message() for e in entries} == {logged}
+
+
+def test_a_row_with_an_unknown_status_renders_on_both_changelists(admin_client: Client) -> None:
+    documents = make_documents(2)
+    docs_executions(documents[:1]).update(status="bogus")  # by hand, or by a newer version
+    for url in (CHANGELIST, DOCUMENTS):
+        page = admin_client.get(url)
+        assert page.status_code == 200, url
+        assert "Unknown (bogus)" in page.text, url
+    detail = admin_client.get(reverse("admin:django_dbworker_execution_change",
+                                      args=[docs_executions(documents[:1]).get().pk]))
+    assert detail.status_code == 200 and "Unknown (bogus)" in detail.text
