@@ -20,7 +20,7 @@ from django_dbworker import Coordinator
 from django_dbworker.diagnosis import diagnose
 from django_dbworker.models import CoordinatorHeartbeat, Execution, WorkerPause
 from django_dbworker.pauses import pause, resume
-from tests.helpers import drain, effects, execution, mark_failed, runworkers, wait_for
+from tests.helpers import analyze, drain, effects, execution, mark_failed, runworkers, wait_for
 from tests.processes import Output
 from tests.testapp.models import Document, SignalSeen
 
@@ -276,12 +276,7 @@ def test_the_gauges_and_the_chart_read_indexes_not_the_history():
         [Execution(worker="docs", source_id=f"h{i}", status="finished", finished_at=old,
                    attempts=1) for i in range(n)], batch_size=5000)
     Document.objects.bulk_create([Document(title=f"b{i}") for i in range(20)])  # the backlog
-    analyze = {"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}", "sqlite": "ANALYZE"}
-    with connection.cursor() as cursor:
-        cursor.execute(analyze[connection.vendor].format(
-            connection.ops.quote_name(Execution._meta.db_table)))
-        if connection.vendor == "mysql":
-            cursor.fetchall()
+    analyze(Execution)
     hour_ago = timezone.now() - timedelta(hours=1)
     chart = chart_query(Execution.objects.all(), hour_ago)  # what the dashboard runs
     bridge = Bridge()

@@ -15,7 +15,7 @@ from django_dbworker import Coordinator
 from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
 from django_dbworker.registry import registry
-from tests.helpers import claim, drain, effects, execution, insert_raw, running_marker, wait_for
+from tests.helpers import analyze, claim, drain, effects, execution, insert_raw, running_marker, wait_for
 from tests.testapp.models import Article, Link
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -139,12 +139,7 @@ def test_stale_rows_are_found_through_the_waiting_index_not_the_history():
     Execution.objects.filter(worker="rerun_stale").update(
         status="finished", finished_at="2030-01-01T00:00:00Z",
         next_attempt_at="2030-01-01T00:00:00Z")
-    analyze = {"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}", "sqlite": "ANALYZE"}
-    with connection.cursor() as cursor:
-        cursor.execute(analyze[connection.vendor].format(
-            connection.ops.quote_name(Execution._meta.db_table)))
-        if connection.vendor == "mysql":
-            cursor.fetchall()
+    analyze(Execution)
     bridge = Bridge()
     worker = registry["rerun_stale"]
     try:

@@ -23,7 +23,7 @@ from django_dbworker.tasks.compat import (
     TaskResultStatus,
     task_backends,
 )
-from tests.helpers import busy_machine, drain, effects, runworkers, wait_for
+from tests.helpers import analyze, busy_machine, drain, effects, runworkers, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Author, Effect, SignalSeen
 
@@ -386,13 +386,7 @@ def test_the_claim_plan_reads_the_priority_index_not_the_backlog_or_history():
                 .values_list("id", flat=True)[:20_000])
     for i in range(0, len(done), 10_000):
         Execution.objects.filter(id__in=done[i:i + 10_000]).update(status="finished")
-    with connection.cursor() as cursor:
-        for table in (Execution._meta.db_table, Task._meta.db_table):
-            cursor.execute({"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}",
-                            "sqlite": "ANALYZE"}[connection.vendor].format(
-                connection.ops.quote_name(table)))
-            if connection.vendor == "mysql":
-                cursor.fetchall()
+    analyze(Execution, Task)
     expected = list(Execution.objects.filter(worker=DEFAULT, status="pending")
                     .order_by("-priority", "id").values_list("id", flat=True)[:32])
     bridge = Bridge()
