@@ -61,6 +61,20 @@ class ExecutionChangeList(ChangeList):
         return super().get_queryset(request, exclude_parameters).defer("error_traceback")
 
 
+def rerun_note(obj: Execution) -> str:
+    """Why a done row is pending again (rerun_on, rerun_every), in words; "" otherwise."""
+    reason = obj.rerun_reason or ""
+    if reason.startswith("changed: "):
+        return f"re-run because {reason.removeprefix('changed: ')} changed"
+    if reason == "stale":
+        w = registry.get(obj.worker)
+        if w is not None and w.rerun_every is not None and obj.finished_at is not None:
+            since = timezone.localtime(obj.finished_at + w.rerun_every)
+            return f"stale since {since:%Y-%m-%d %H:%M}"
+        return "stale"
+    return ""
+
+
 @admin.register(Execution)
 class ExecutionAdmin(admin.ModelAdmin):
     list_display = ["id", "worker", "source_link", "status_badge", "attempts",
@@ -126,6 +140,10 @@ class ExecutionAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Execution) -> SafeString:
+        why = rerun_note(obj)
+        if why:
+            return format_html('{}<br><small class="dbworker-rerun">{}</small>',
+                               status_badge(obj.status), why)
         return status_badge(obj.status)
 
     @admin.display(description="error")

@@ -164,3 +164,28 @@ def test_stale_rows_are_found_through_the_waiting_index_not_the_history():
         else:
             assert "TEMP B-TREE" not in plan and f"SCAN {table}" not in plan
     assert seconds is not None and seconds > 3600 and promoted == 0
+
+
+def test_the_admin_says_why_a_done_row_runs_again(admin_client):
+    from django.urls import reverse
+
+    from django_dbworker.registry import registry
+
+    article = finished()
+    Article.objects.filter(pk=article.pk).update(title="second", language="fr")
+    link = Link.objects.create(url="https://example.com")
+    drain("rerun_stale")
+    Execution.objects.filter(pk=execution("rerun_stale", link).pk).update(
+        next_attempt_at="2001-01-01T00:00:00Z", finished_at="2001-01-01T00:00:00Z")
+    bridge = Bridge()
+    try:
+        assert bridge.promote_due(registry["rerun_stale"]) == 1  # what a coordinator does
+    finally:
+        bridge.close()
+    page = admin_client.get(reverse("admin:django_dbworker_execution_changelist"))
+    assert "re-run because title, language changed" in page.text
+    # rerun_every = 1 s after it finished: stale since 2001-01-01 00:00 (local time).
+    assert "stale since 2001-01-01" in page.text or "stale since 2000-12-31" in page.text
+    detail = admin_client.get(reverse("admin:django_dbworker_execution_change",
+                                      args=[execution("rerun_on_change", article).pk]))
+    assert "re-run because title, language changed" in detail.text
