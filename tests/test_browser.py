@@ -114,6 +114,52 @@ def test_operator_finds_and_resets_failures(browser: Any, live_server: Any,
     page.close()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_refreshes_itself_the_why_page_explains_and_the_list_fits(
+        browser: Any, live_server: Any, django_user_model: Any) -> None:
+    django_user_model.objects.create_superuser("ops", "ops@example.com", "night-shift")
+    [Document.objects.create(title=f"broken {i}", behaviour="fail") for i in range(2)]
+    Coordinator(["docs"]).drain()
+    Execution.objects.filter(worker="docs").update(  # a long error, as real ones are
+        error_message="cannot handle document: " + "a very long explanation " * 40)
+    waiting = Document.objects.create(title="not uploaded", uploaded=False)
+
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.set_default_timeout(15_000)
+    url = live_server.url
+    page.goto(url + reverse("admin:login"))
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "night-shift")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+    # The changelist fits a 1300 px laptop screen: no sideways scroll, one-line errors.
+    page.goto(url + reverse("admin:django_dbworker_execution_changelist") + "?worker=docs")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1300
+    heights = page.eval_on_selector_all("#result_list tbody tr", "rows => rows.map(r => r.offsetHeight)")
+    assert heights and max(heights) < 80, heights
+
+    # The dashboard's figures refresh by themselves (a server-rendered fragment).
+    page.goto(url + reverse("admin:django_dbworker_dashboard"))
+    cell = 'tr[data-worker="docs"] td[data-status="failed"]'
+    assert page.inner_text(cell) == "2"
+    Document.objects.create(title="broken 3", behaviour="fail")
+    Coordinator(["docs"]).drain()
+    page.wait_for_function(f"document.querySelector('{cell}').innerText.trim() === '3'",
+                           timeout=15_000)
+
+    # "Why not running?" from the execution page: the eligible filter blocks this row.
+    row = Execution.objects.get(worker="docs", source_id=str(waiting.pk))
+    page.goto(url + reverse("admin:django_dbworker_execution_change", args=[row.pk]))
+    page.click("a.dbworker-why-link")
+    page.wait_for_selector(".dbworker-verdict")
+    assert "Blocked by" in page.inner_text(".dbworker-verdict")
+    assert page.locator('.dbworker-finding[data-blocking="yes"]').count() >= 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "why.png"), full_page=True)
+    page.close()
+
+
 def test_the_browser_fixture_leaves_djangos_async_check_as_it_was() -> None:
     """Runs after the browser test (file order): the variable it set is as before."""
     assert os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE") == ASYNC_UNSAFE_AT_START

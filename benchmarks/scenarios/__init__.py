@@ -1,0 +1,1 @@
+"""The benchmark's scenarios, one module each, and their shared helpers (run by ../run.py)."""
