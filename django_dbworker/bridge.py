@@ -349,13 +349,15 @@ class Bridge:
         e = self.execution
         due = sa.and_(e.c.waiting_worker == worker.name, e.c.next_attempt_at <= self.now())
         finished = e.c.status == ExecutionStatus.FINISHED.value
-        values = {
-            "status": sa.case((finished, ExecutionStatus.PENDING.value), else_=e.c.status),
-            "rerun_reason": sa.case((finished, "stale"), else_=e.c.rerun_reason),
-            "ready_at": e.c.next_attempt_at,
-            "next_attempt_at": None,
-            "updated_at": self.now(),
-        }
+        # In this order: MySQL evaluates SET left to right, each seeing the ones before it
+        # (the reason reads the old status, ready_at the old due time).
+        values = [
+            ("rerun_reason", sa.case((finished, "stale"), else_=e.c.rerun_reason)),
+            ("ready_at", e.c.next_attempt_at),
+            ("status", sa.case((finished, ExecutionStatus.PENDING.value), else_=e.c.status)),
+            ("next_attempt_at", None),
+            ("updated_at", self.now()),
+        ]
         with self.engine.begin() as conn:
             # In the waiting index's order (earliest due first: never a sort of the due
             # rows), skipping rows another coordinator promotes right now.
@@ -363,7 +365,7 @@ class Bridge:
             if not ids:
                 return 0
             return conn.execute(sa.update(e).where(due, e.c.id.in_(ids))
-                                .values(**values)).rowcount or 0
+                                .ordered_values(*values)).rowcount or 0
 
     # -- leases -------------------------------------------------------------------------
     def renew(self, claims: Iterable[Claim]) -> int:

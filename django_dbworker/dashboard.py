@@ -181,7 +181,7 @@ def _schedules(database: str, now: datetime) -> list[ScheduleRow]:
                   .values_list("schedule").annotate(last=Max("slot")).values_list("schedule", "last"))
     statuses: dict[str, str | None] = {}
     for slot in ScheduleSlot.objects.using(database).filter(
-            schedule__in=list(latest), slot__in=list(latest.values())).select_related():
+            schedule__in=list(latest), slot__in=list(latest.values())).select_related("task"):
         if latest.get(slot.schedule) == slot.slot:
             statuses[slot.schedule] = _task_status(database, slot.task_id)
     rows = []

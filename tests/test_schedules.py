@@ -151,3 +151,28 @@ def test_periodic_refuses_a_bad_cron_at_declaration():
 
     with pytest.raises(ImproperlyConfigured, match="is not a cron expression"):
         periodic(cron="every day")(record)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_lists_each_schedule_with_its_last_slot_task_status_and_next(
+        admin_client, settings):
+    import re
+
+    from django.urls import reverse
+    from django.utils import timezone
+
+    settings.DBWORKER = {**settings.DBWORKER, "SCHEDULES": {"tick": {
+        "task": "tests.testapp.tasks.record", "args": ["tick"], "every": 3600}}}
+    scheduler = Scheduler("default")
+    now = timezone.now()
+    scheduler.run(now)  # first sight: history starts here
+    assert scheduler.run(now + timedelta(seconds=3601)) == 1
+    page = admin_client.get(reverse("admin:django_dbworker_dashboard"))
+    row = re.search(r'<tr class="dbworker-schedule" data-schedule="tick">(.*?)</tr>',
+                    page.text, re.S)
+    assert row, page.text
+    cells = re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row.group(1), re.S)
+    name, when, last, status, upcoming = (re.sub(r"<[^>]+>", "", c).strip() for c in cells)
+    assert name == "tick" and ("3600" in when or "1:00:00" in when or "hour" in when), when
+    assert last != "—" and upcoming != "—"  # the slot enqueued, and the one after it
+    assert status.lower() in {"ready", "pending"}, status  # its task waits for a coordinator
