@@ -7,10 +7,13 @@ COMBOS=${DBWORKER_TEST_COMBOS:-"3.12:6.1 3.12:5.2 3.13:5.2"}
 status=0
 summary=()
 
-find_python() {  # python3.X on PATH, else pyenv's
+find_python() {  # python3.X on PATH, else pyenv's; one that really runs as that version
+  # (a pyenv shim is on PATH for every installed version, but fails unless it is selected)
   local want=$1 p
   for p in "python$want" $(command -v pyenv >/dev/null 2>&1 && ls -d "$(pyenv root)"/versions/"$want".*/bin/python"$want" 2>/dev/null | sort -rV); do
-    if command -v "$p" >/dev/null 2>&1; then command -v "$p"; return 0; fi
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c "import sys; sys.exit(f'{sys.version_info[0]}.{sys.version_info[1]}' != '$want')" 2>/dev/null; then
+      command -v "$p"; return 0
+    fi
   done
   return 1
 }
