@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_dbworker.coordinator")
 
 
+_UNSEEN = object()  # no probe answered yet
+
+
 class Wakeups:
     def __init__(self, workers: Iterable[str], settings: Options, health: DatabaseHealth) -> None:
         self.settings, self.health = settings, health
@@ -34,7 +37,7 @@ class Wakeups:
         self._no_notifications = False  # NOTIFY does not reach us (PgBouncer): probe instead
         self._checked = False
         self.next_probe = 0.0
-        self._token: Any = None
+        self._token: Any = _UNSEEN  # (None is an answer: MAX(id) of an empty table)
 
     def wake(self, worker: str) -> None:
         self.backoff[worker].wake()
@@ -90,9 +93,10 @@ class Wakeups:
         if self.listener is not None or now < self.next_probe:
             return
         self.next_probe = now + self.settings.probe_seconds
-        token = self.health.call(bridge.change_token)
-        if token is not None and token != self._token:
-            if self._token is not None:
+        answer = self.health.call(lambda: (bridge.change_token(),))  # None: it failed
+        if answer is not None and answer[0] != self._token:
+            token = answer[0]
+            if self._token is not _UNSEEN:
                 self.wake_all()
             self._token = token
 
