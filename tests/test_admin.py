@@ -141,6 +141,17 @@ def test_changelist_columns(admin_client: Client, failed_doc: Any) -> None:
     assert "ValueError: cannot handle it" in text and "second line" not in text
     assert "box-7:4242" in text
     assert f'href="{DASHBOARD}"' in text
+    # Each column shows this row's own value: attempts, lease expiry, updated time.
+    import re
+
+    from django.utils import formats
+
+    cells = dict(re.findall(r'<td class="field-([a-z_]+)[^"]*">(.*?)</td>', text, re.S))
+    row = Execution.objects.get(pk=execution.pk)
+    assert cells["attempts"] == "1" == str(row.attempts)
+    local = timezone.localtime(row.lease_expires_at)
+    assert cells["lease_expires_at"] == formats.localize(local), cells
+    assert cells["updated_at"] == formats.localize(timezone.localtime(row.updated_at)), cells
 
 
 def test_source_without_admin_is_plain_text(admin_client: Client) -> None:
@@ -286,11 +297,15 @@ def test_viewer_sees_pages_but_changes_nothing(viewer_client: Client, failed_doc
     assert detail.status_code == 200 and "Traceback" in detail.text
     assert reset_url(execution) not in detail.text
     assert viewer_client.get(DASHBOARD).status_code == 200
+    finished_doc = Document.objects.create()
+    finish(docs_executions([finished_doc]))  # a row run_again would change, if allowed
     for action in ["reset_failed", "run_again"]:
-        run_action(viewer_client, CHANGELIST, action, [execution.pk])
+        run_action(viewer_client, CHANGELIST, action,
+                   [execution.pk, *docs_executions([finished_doc]).values_list("pk", flat=True)])
     assert viewer_client.get(reset_url(execution)).status_code == 403
     assert viewer_client.post(reset_url(execution)).status_code == 403
     assert execution_status("docs", doc) == ExecutionStatus.FAILED
+    assert execution_status("docs", finished_doc) == ExecutionStatus.FINISHED
 
 
 def test_staff_without_view_permission_is_refused(client: Client,
