@@ -108,3 +108,15 @@ def test_eligible_with_q_and_nulls_last_orders_a_real_claim():
         registry.unregister("nulls_test")
         install("default")
     assert [c.source_id for c in claims] == [str(d.pk) for d in (early_low, late_high, none_first)]
+
+
+def test_engine_options_and_the_poll_settings_take_effect(settings):
+    settings.DBWORKER = {**settings.DBWORKER, "ENGINE_OPTIONS": {"pool_size": 1, "max_overflow": 0},
+                         "POLL_SECONDS": 0.07, "MAX_POLL_SECONDS": 0.7, "LEASE_SECONDS": 4}
+    bridge = Bridge()
+    try:
+        assert bridge.engine.pool.size() == 1
+    finally:
+        bridge.close()
+    options = Coordinator(["docs"]).settings
+    assert (options.poll_seconds, options.max_poll_seconds, options.lease_seconds) == (0.07, 0.7, 4)
