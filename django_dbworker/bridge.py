@@ -522,18 +522,19 @@ class Bridge:
     def change_token(self) -> Any:
         """The answer of the vendor's change probe, on a raw connection kept for it (no
         pool, no SQLAlchemy statement: it runs every PROBE_SECONDS while idle)."""
-        if self._probe is None:
-            raw = self.engine.raw_connection()
-            self._set_autocommit(raw.driver_connection)
-            self._probe = raw
         try:
+            if self._probe is None:  # (connecting fails with the driver's error, too)
+                raw = self.engine.raw_connection()
+                self._set_autocommit(raw.driver_connection)
+                self._probe = raw
             cursor = self._probe.cursor()
             cursor.execute(self.vendor.change_probe_sql())
             row = cursor.fetchone()
             cursor.close()
-        except self.engine.dialect.loaded_dbapi.Error as exc:
-            self._probe.invalidate()
-            self._probe = None
+        except (self.engine.dialect.loaded_dbapi.Error, sa.exc.DBAPIError) as exc:
+            if self._probe is not None:
+                self._probe.invalidate()
+                self._probe = None
             raise sa.exc.OperationalError("change probe", None, exc) from exc
         return row[0] if row else None
 

@@ -205,6 +205,9 @@ def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
         results = _run_together(worker, alias, take, done, slot, stop, timings)
     except _DatabaseGone as gone:
         slot[SLOT_SEQ] = 0
+        # Every waiting row goes back below: a revocation asked for meanwhile is answered
+        # too. Left set, it would keep the pool from ever sending this child a row again.
+        slot[SLOT_REVOKE] = 0
         results = [(SKIPPED, r[0], None) for r in done if r is not gone.row]
         if gone.row is not None:
             results.append((INTERRUPTED, gone.row[0], _describe(gone.exc)))
@@ -224,6 +227,7 @@ def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
             result = run(worker, alias, row, slot=slot, timings=timings)
             results.append(result)
             if result[0] == INTERRUPTED:
+                slot[SLOT_REVOKE] = 0  # (as above: everything waiting goes back)
                 return (results + [(SKIPPED, r[0], None) for r in done[i + 1:]]
                         + _requeue_and_skip(pending, take, done))
     # Rows this group did not reach go back to the front, in order.
