@@ -63,14 +63,11 @@ def unavailable() -> str | None:
 def require() -> None:
     """Skip the calling test, with the reason, where namespace hosts cannot be made; with
     CI=true fail it instead: CI must run these tests."""
-    import pytest
+    from tests.helpers import skip_or_fail
 
     reason = unavailable()
-    if reason is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"cannot make network-namespace hosts and CI=true: {reason}")
-    pytest.skip(f"cannot make network-namespace hosts: {reason}")
+    if reason is not None:
+        skip_or_fail("make network-namespace hosts", reason)
 
 
 class Host:

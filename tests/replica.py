@@ -83,14 +83,11 @@ def _ours_on(port: int) -> bool:
 def require(ports: tuple[int, ...] = (5441, 5442)) -> None:
     """Skip the calling test, with the reason, where the pair cannot be made; with CI=true
     fail it instead: CI must run these tests."""
-    import pytest
+    from tests.helpers import skip_or_fail
 
     reason = unavailable(ports)
-    if reason is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"cannot make a PostgreSQL primary/replica pair and CI=true: {reason}")
-    pytest.skip(f"cannot make a PostgreSQL primary/replica pair: {reason}")
+    if reason is not None:
+        skip_or_fail("make a PostgreSQL primary/replica pair", reason)
 
 
 class Cluster:

@@ -59,6 +59,15 @@ def browser() -> Iterator[Any]:
                 connections.close_all()
 
 
+def log_in(page: Any, url: str) -> None:
+    """As the superuser the tests make: ops / night-shift."""
+    page.goto(url + reverse("admin:login"))
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "night-shift")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_operator_finds_and_resets_failures(browser: Any, live_server: Any,
                                             django_user_model: Any) -> None:
@@ -72,11 +81,7 @@ def test_operator_finds_and_resets_failures(browser: Any, live_server: Any,
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(15_000)
     url = live_server.url
-    page.goto(url + reverse("admin:login"))
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "night-shift")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    log_in(page, url)
 
     # From the dashboard to the failures.
     page.goto(url + reverse("admin:django_dbworker_dashboard"))
@@ -127,11 +132,7 @@ def test_the_dashboard_refreshes_itself_the_why_page_explains_and_the_list_fits(
     page = browser.new_page(viewport={"width": 1300, "height": 900})
     page.set_default_timeout(15_000)
     url = live_server.url
-    page.goto(url + reverse("admin:login"))
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "night-shift")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    log_in(page, url)
 
     # The changelist fits a 1300 px laptop screen: no sideways scroll, one-line errors.
     page.goto(url + reverse("admin:django_dbworker_execution_changelist") + "?worker=docs")
