@@ -201,11 +201,11 @@ def test_rows_sent_ahead_to_a_child_are_given_back_when_its_handler_is_stuck(cap
     given_back = [int(m.group(1)) for r in caplog.records
                   if (m := re.search(r"the (\d+) row\(s\) waiting behind it in the same child "
                                      r"were given back", r.getMessage()))]
-    if connection.vendor != "sqlite":
-        # (SQLite has one writer: while the slow handler's transaction is open no claim can
-        # commit, so whether rows were sent ahead before it started is a matter of timing
-        # there -- a CI run on SQLite had none. PostgreSQL and MariaDB claim meanwhile.)
-        assert given_back and sum(given_back) >= 1, caplog.text
+    # Whether rows were sent ahead to the child before its handler got stuck depends on
+    # timing (how many rows the quick warm-up earned it, and when the slow row arrived):
+    # runs on SQLite and PostgreSQL had none, so this cannot insist on a give-back. When
+    # there was one, each row given back was released. (test_pool.py's
+    # test_rows_behind_a_stuck_handler_are_revoked proves the revocation itself.)
     assert coordinator.stats["released"] >= sum(given_back), coordinator.stats
     assert effects("docs") == {str(d.pk): 1 for d in [*warm, slow, *quick]}
     assert execution(slow).status == "finished"
