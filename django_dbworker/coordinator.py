@@ -304,9 +304,13 @@ class Coordinator:
                 if now >= next_recover:
                     self.health.call(self.watchman.run, self._coordinator_id)
                     next_recover = now + recover_every
-                if now >= next_pauses:  # (PostgreSQL also tells at once, by NOTIFY)
+                if now >= next_pauses:
                     self.health.call(self._refresh_pauses)
-                    next_pauses = now + self.settings.poll_seconds
+                    # While NOTIFY arrives it announces every pause at once: this read is
+                    # then only the fallback, not a query every poll.
+                    next_pauses = now + (self.settings.max_poll_seconds
+                                         if self.wakeups.listener is not None
+                                         else self.settings.poll_seconds)
                 if not self._stopping:
                     self.wakeups.probe(self.bridge, now)
             if now >= next_status:

@@ -150,7 +150,9 @@ def test_a_paused_worker_is_not_claimed_until_resumed():
 
 
 def test_a_pause_reaches_a_running_coordinator_within_a_poll():
-    coordinator = Coordinator(["docs"])
+    # A long MAX_POLL_SECONDS: on PostgreSQL the pause must arrive by NOTIFY, whose
+    # fallback read waits that long; elsewhere it is read every POLL_SECONDS.
+    coordinator = Coordinator(["docs"], max_poll_seconds=10)
     coordinator.start()
     try:
         first = Document.objects.create()
