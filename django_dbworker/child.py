@@ -381,14 +381,25 @@ def _lost_claims(alias: str, rows: Sequence[Delivery]) -> frozenset[int]:
     return frozenset(r[0] for r in rows if r[1] not in held)
 
 
-def _per_row(items: Sequence[tuple[Delivery, datetime]]) -> Any:
-    """A value that differs per row, in the one UPDATE that writes a group's outcomes."""
-    from django.db.models import Case, DateTimeField, Value, When
+def _per_row(alias: str, items: Sequence[tuple[Delivery, datetime]]) -> Any:
+    """A time that differs per row, in the one UPDATE that writes a group's outcomes.
+
+    Raw ``CASE id WHEN .. THEN ..`` (the same on every database) rather than Case/When:
+    the ORM resolves a When per row, and for a group of quick rows that cost more than
+    the handlers themselves (a third of drain throughput, measured)."""
+    from django.db import connections
+    from django.db.models import DateTimeField
+    from django.db.models.expressions import RawSQL
 
     if len(items) == 1:
         return items[0][1]
-    return Case(*[When(id=row[1], then=Value(when)) for row, when in items],
-                output_field=DateTimeField())
+    ops = connections[alias].ops
+    params: list[Any] = []
+    for row, when in items:
+        params += [row[1], ops.adapt_datetimefield_value(when)]
+    whens = " ".join(["WHEN %s THEN %s"] * len(items))
+    return RawSQL(f"CASE {ops.quote_name('id')} {whens} END", params,
+                  output_field=DateTimeField())
 
 
 def _write_outcomes(worker: Any, alias: str,
@@ -399,11 +410,11 @@ def _write_outcomes(worker: Any, alias: str,
 
     rows = [row for row, _, _, _ in items]
     values = outcome_values(items[0][1])
-    values["started_at"] = _per_row([(row, started) for row, _, started, _ in items])
+    values["started_at"] = _per_row(alias, [(row, started) for row, _, started, _ in items])
     if "finished_at" in values:
-        values["finished_at"] = _per_row([(row, finished) for row, _, _, finished in items])
+        values["finished_at"] = _per_row(alias, [(row, finished) for row, _, _, finished in items])
     if worker.rerun_every is not None and "finished_at" in values:  # stale that long after
-        values["next_attempt_at"] = _per_row([(row, finished + worker.rerun_every)
+        values["next_attempt_at"] = _per_row(alias, [(row, finished + worker.rerun_every)
                                               for row, _, _, finished in items])
     values = rerun_aware(values, worker)
     return Execution.objects.using(alias).filter(_held_guard(rows)).update(**values)

@@ -120,3 +120,21 @@ def test_engine_options_and_the_poll_settings_take_effect(settings):
         bridge.close()
     options = Coordinator(["docs"]).settings
     assert (options.poll_seconds, options.max_poll_seconds, options.lease_seconds) == (0.07, 0.7, 4)
+
+
+def test_rows_run_in_one_transaction_keep_their_own_start_and_finish_times():
+    """Quick rows share a transaction and one outcome UPDATE; each still gets the times
+    of its own handler run, in the order they ran (one child: one after the other)."""
+    from tests.testapp.models import StressJob
+
+    StressJob.objects.bulk_create([StressJob(delay=0.012) for _ in range(12)])
+    stats = Coordinator(["stress"], concurrency=1).drain()
+    assert stats["finished"] == 12
+    rows = list(Execution.objects.filter(worker="stress").order_by("id")
+                .values_list("started_at", "finished_at"))
+    assert all(s is not None and f is not None for s, f in rows), rows
+    for started, finished in rows:
+        assert finished - started >= timedelta(seconds=0.011), rows  # its own sleep
+    for (_, before), (after, _) in zip(rows, rows[1:], strict=False):
+        assert after >= before, rows  # the next began after this one ended
+    assert len({s for s, _ in rows}) == 12, rows
