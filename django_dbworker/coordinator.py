@@ -17,7 +17,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -26,17 +25,19 @@ from django.db import connections
 from . import failpoints, identity
 from .bridge import Bridge
 from .due import DueRows
-from .installation import missing_triggers
 from .options import Options
 from .outage import DatabaseHealth, wait_for_database
+from .pauses import PausedWorkers
 from .pool import SPAWN, ChildProcess, Pool, start_all
 from .pool_events import PoolEvents
+from .preflight import check_can_start
 from .recovery import Watchman
 from .registry import Worker, registry
 from .releases import ReleaseQueue
 from .schedules import Scheduler
 from .vendors import for_connection
 from .wakeups import Wakeups
+from .watching import Watcher
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -78,22 +79,19 @@ class Coordinator:
         self.wakeups: Wakeups
         self.events: PoolEvents
         self.due: DueRows
+        self.paused: PausedWorkers
         self.scheduler: Scheduler | None = None
         self.metrics: Metrics | None = None
         self.probes: ProbeServer | None = None
-        self._paused: set[str] = set()
         self._last_pass = time.monotonic()
         self._stopping = False
         self._force = False
         self._stop_deadline: float | None = None
         self._stop_announced = False
         self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self.watcher = Watcher()
         self._coordinator_id: int | None = None
         self._error: BaseException | None = None
-        self._watched: tuple[tuple[int, ...], dict[Any, Any]] | None = None
         # Read by every child before it starts a row: set, they send back what they
         # have not started instead of running it.
         self._stop_flag = SPAWN.RawValue("b", 0)
@@ -142,10 +140,7 @@ class Coordinator:
         self._stopping = True
         self._stop_flag.value = 1
         self._force = self._force or force
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        self.watcher.poke()
 
     @property
     def stopping(self) -> bool:
@@ -155,41 +150,24 @@ class Coordinator:
         return ", ".join(f"{k} {self.stats[k]}" for k in STATS)
 
     # -- set-up and tear-down ------------------------------------------------------------
-    def check(self) -> None:
-        """Everything that must hold before anything is claimed; raises with the fix."""
-        vendor = for_connection(connections[self.settings.database])
-        vendor.check_supported()
-        for w in self.workers:
-            if w.handler.__module__ == "__main__":
-                raise ImproperlyConfigured(
-                    f"Worker {w.name!r}: handler {w.handler.__qualname__} lives in __main__, "
-                    "which children cannot import; move it into a module (e.g. workers.py)."
-                )
-        missing = missing_triggers(self.settings.database, self.workers)
-        if missing:
-            raise ImproperlyConfigured(
-                f"Triggers missing for worker(s) {', '.join(missing)}: run "
-                "`python manage.py migrate` (it installs the triggers of every registered "
-                "worker), then start runworkers again."
-            )
-
     def set_up(self) -> None:
         for_connection(connections[self.settings.database])  # a backend we support, unconnected
         wait_for_database(self.settings.database, self.settings.wait_for_database)
-        self.check()
+        check_can_start(self.settings.database, self.workers)
         self.bridge = bridge = Bridge(self.settings.database, self.settings.lease_seconds)
         self.health = DatabaseHealth(bridge.vendor, bridge.ping, self.settings.poll_seconds,
                                      on_back=bridge.reset_connections)
         self.releases = ReleaseQueue(bridge, self.health)
         self.scheduler = Scheduler(self.settings.database) if self.settings.schedules else None
-        self.watchman = Watchman(bridge, self.workers, self.host, identity.namespace(),
-                                 self.stats, self._wake)
         databases = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
         self.pools = [Pool(w, self.settings.concurrency[w.name], self._spawner(w, databases))
                       for w in self.workers]
         self.wakeups = Wakeups([w.name for w in self.workers], self.settings, self.health)
+        self.watchman = Watchman(bridge, self.workers, self.host, identity.namespace(),
+                                 self.stats, self.wakeups.wake)
         self.events = PoolEvents(self.stats, self.releases, self.wakeups)
         self.due = DueRows(bridge, self.health, self.workers, self.settings.poll_seconds)
+        self.paused = PausedWorkers(bridge, self.wakeups)
         try:
             start_all(self.pools)
         except BaseException:
@@ -197,7 +175,7 @@ class Coordinator:
             raise
         self._register()
         self.wakeups.listen(bridge)
-        self._refresh_pauses()
+        self.paused.refresh()
         if self.settings.metrics_port is not None:
             self._serve_probes(self.settings.metrics_port)
         logger.info(
@@ -305,7 +283,7 @@ class Coordinator:
                     self.health.call(self.watchman.run, self._coordinator_id)
                     next_recover = now + recover_every
                 if now >= next_pauses:
-                    self.health.call(self._refresh_pauses)
+                    self.health.call(self.paused.refresh)
                     # While NOTIFY arrives it announces every pause at once: this read is
                     # then only the fallback, not a query every poll.
                     next_pauses = now + (self.settings.max_poll_seconds
@@ -339,7 +317,7 @@ class Coordinator:
     def _claim(self, now: float, drain: bool) -> None:
         assert self.bridge is not None
         for pool in self.pools:
-            if pool.worker.name in self._paused:
+            if pool.worker.name in self.paused:
                 continue  # its running handlers finish; it claims nothing new
             backoff = self.wakeups.backoff[pool.worker.name]
             free = pool.free_slots(now)
@@ -361,7 +339,7 @@ class Coordinator:
     def _drained(self) -> bool:
         return not len(self.releases) and all(
             not p.busy and (self.wakeups.backoff[p.worker.name].exhausted
-                            or p.worker.name in self._paused)
+                            or p.worker.name in self.paused)
             for p in self.pools)
 
     def _timeout(self, now: float, next_renew: float) -> float:
@@ -386,49 +364,11 @@ class Coordinator:
         return min(min(future) - now, self.settings.max_poll_seconds) if future else 0.0
 
     def _wait(self, timeout: float) -> None:
-        watched = self._watch_list()
-        for ready in wait(list(watched), timeout=timeout):
-            owner = watched[ready]
-            if owner is None:
-                try:
-                    os.read(self._wake_r, 1024)
-                except BlockingIOError:
-                    pass
-            elif owner is self.wakeups:
-                if self.wakeups.on_notify():
-                    self.health.call(self._refresh_pauses)
-            else:
+        for owner, ready in self.watcher.wait(self.pools, self.wakeups.listener, timeout):
+            if owner is not None:
                 self.events.handle(owner, owner.on_ready(ready))
-
-    def _watch_list(self) -> dict[Any, Any]:
-        """Everything to wait on, rebuilt only when a pool's children or the listener
-        changed."""
-        handles = [p.handles() for p in self.pools]
-        listener = self.wakeups.listener
-        key = (id(listener), *(p.version for p in self.pools))
-        # (an id can be reused by the next listener: check that it is the one watched)
-        if self._watched is None or self._watched[0] != key or (
-                listener is not None and listener not in self._watched[1]):
-            watched: dict[Any, Any] = {self._wake_r: None}
-            if listener is not None:
-                watched[listener] = self.wakeups
-            for pool, mapping in zip(self.pools, handles, strict=True):
-                watched.update(dict.fromkeys(mapping, pool))
-            self._watched = (key, watched)
-        return self._watched[1]
-
-    def _wake(self, worker: str) -> None:
-        self.wakeups.wake(worker)
-
-    def _refresh_pauses(self) -> None:
-        assert self.bridge is not None
-        paused = self.bridge.paused_workers() & set(self.wakeups.backoff)
-        for name in sorted(paused - self._paused):
-            logger.warning("Worker %s is paused: no new claims (running handlers finish)", name)
-        for name in sorted(self._paused - paused):
-            logger.warning("Worker %s is resumed", name)
-            self.wakeups.wake(name)
-        self._paused = paused
+            elif self.wakeups.on_notify():
+                self.health.call(self.paused.refresh)
 
     # -- leases -------------------------------------------------------------------------
     def _renew(self) -> None:

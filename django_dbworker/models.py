@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import models
@@ -54,6 +55,22 @@ class ExecutionQuerySet(models.QuerySet["Execution"]):
         return self.filter(id=execution_id, claim_token=token, status=ExecutionStatus.WORKING)
 
 
+def _worker_while(statuses: Iterable[ExecutionStatus], *, waits_for_time: bool) -> Any:
+    """A stored generated column: the worker name while the row has one of ``statuses``
+    and (does or does not) wait for ``next_attempt_at``; NULL otherwise. Indexed, it holds
+    only the rows in that state, whatever the history size."""
+    return models.GeneratedField(
+        expression=Case(
+            When(Q(status__in=[s.value for s in statuses])
+                 & Q(next_attempt_at__isnull=not waits_for_time), then=F("worker")),
+            default=Value(None),
+        ),
+        output_field=models.CharField(max_length=100, null=True),
+        db_persist=True,
+        editable=False,
+    )
+
+
 class Execution(models.Model):
     """The work state of one source row for one worker.
 
@@ -73,30 +90,12 @@ class Execution(models.Model):
     # The worker name while the row is claimable now, NULL otherwise. Claims read an
     # index on (claimable_worker, id) that holds only these rows, whatever the history
     # size. A generated column because MySQL/MariaDB have no partial indexes.
-    claimable_worker = models.GeneratedField(
-        expression=Case(
-            When(Q(status__in=[s.value for s in CLAIMABLE]) & Q(next_attempt_at__isnull=True),
-                 then=F("worker")),
-            default=Value(None),
-        ),
-        output_field=models.CharField(max_length=100, null=True),
-        db_persist=True,
-        editable=False,
-    )
+    claimable_worker = _worker_while(CLAIMABLE, waits_for_time=False)
     # The worker name while the row waits for next_attempt_at (a retry's back-off, a
     # task's run_after, a finished row's rerun_every), NULL otherwise. Its index on
     # (waiting_worker, next_attempt_at) gives the next due time and the rows that are due,
     # which the coordinator then makes claimable (see Bridge.promote_due).
-    waiting_worker = models.GeneratedField(
-        expression=Case(
-            When(Q(status__in=[s.value for s in WAITING]) & Q(next_attempt_at__isnull=False),
-                 then=F("worker")),
-            default=Value(None),
-        ),
-        output_field=models.CharField(max_length=100, null=True),
-        db_persist=True,
-        editable=False,
-    )
+    waiting_worker = _worker_while(WAITING, waits_for_time=True)
     # Higher runs first: tasks' priority (-100..100); 0 for every row worker.
     priority = models.SmallIntegerField(default=0)
     claim_token = models.CharField(max_length=32, null=True, blank=True, editable=False)

@@ -7,6 +7,9 @@ on PostgreSQL a trigger's NOTIFY wakes them at once.
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
@@ -14,6 +17,13 @@ from . import conf
 from .models import WorkerPause
 from .registry import registry
 from .vendors import PAUSE_NOTICE, for_connection
+
+if TYPE_CHECKING:
+    from .bridge import Bridge
+    from .wakeups import Wakeups
+
+# The coordinator's logger: pauses are news of the coordinator's, where operators look.
+logger = logging.getLogger("django_dbworker.coordinator")
 
 
 def _tell_coordinators(database: str) -> None:
@@ -53,3 +63,28 @@ def resume(worker: str) -> bool:
 def paused() -> dict[str, WorkerPause]:
     """Paused worker name -> its pause."""
     return {p.worker: p for p in WorkerPause.objects.using(conf.value("DATABASE"))}
+
+
+class PausedWorkers:
+    """A coordinator's view of the pauses: which of its workers claim nothing new.
+
+    ``refresh()`` reads them (through the coordinator's bridge) and logs each change;
+    a resumed worker is woken to claim at once.
+    """
+
+    def __init__(self, bridge: Bridge, wakeups: Wakeups) -> None:
+        self._bridge = bridge
+        self._wakeups = wakeups
+        self._names: set[str] = set()
+
+    def __contains__(self, worker: str) -> bool:
+        return worker in self._names
+
+    def refresh(self) -> None:
+        paused = self._bridge.paused_workers() & set(self._wakeups.backoff)
+        for name in sorted(paused - self._names):
+            logger.warning("Worker %s is paused: no new claims (running handlers finish)", name)
+        for name in sorted(self._names - paused):
+            logger.warning("Worker %s is resumed", name)
+            self._wakeups.wake(name)
+        self._names = paused

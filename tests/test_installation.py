@@ -178,3 +178,12 @@ def test_coordinator_refuses_to_start_without_triggers():
 
 def _ghost_handler(tag):  # a module-level handler for the ghost worker
     return None
+
+
+def test_the_migrations_match_the_models():
+    """A model change without its migration would leave every user's database behind."""
+    try:
+        call_command("makemigrations", "django_dbworker", check=True, dry_run=True,
+                     verbosity=0)
+    except SystemExit as exc:  # --check exits 1 when a migration is missing
+        pytest.fail(f"django_dbworker's models have changes with no migration ({exc})")

@@ -255,13 +255,16 @@ class Vendor:
                 " OR ".join(changed(c) for c in source.rerun_on), rerun))
         return statements
 
+    # Row triggers (MySQL/MariaDB, SQLite): what follows FOR EACH ROW for a trigger that
+    # runs one {statement}; how {a} and {b} differ with NULLs compared as values.
+    ROW_TRIGGER_BODY = "{statement}"
+    DISTINCT_SQL = "{a} IS DISTINCT FROM {b}"
+
     def row_trigger_body(self, statement: str) -> str:
-        """What follows FOR EACH ROW for a trigger that runs one statement."""
-        raise NotImplementedError
+        return self.ROW_TRIGGER_BODY.format(statement=statement)
 
     def is_distinct_sql(self, a: str, b: str) -> str:
-        """a and b differ, NULLs compared as values."""
-        raise NotImplementedError
+        return self.DISTINCT_SQL.format(a=a, b=b)
 
     def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
                           statement: str) -> str:
@@ -276,9 +279,13 @@ class Vendor:
     def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
         return [f"DROP TRIGGER IF EXISTS {trigger}"]  # row triggers: nothing else to drop
 
-    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[str]]:
-        """SELECT (trigger name, table name) of the triggers with exactly these names."""
-        raise NotImplementedError
+    # SELECT (trigger name, table name) of the triggers named in {marks}, compared
+    # exactly (case and all): a trigger of the user's that differs in case is not ours.
+    TRIGGER_CATALOG_SQL = ""
+
+    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        marks = ", ".join(["%s"] * len(names))
+        return self.TRIGGER_CATALOG_SQL.format(marks=marks), list(names)
 
     def rerun_set_sql(self, source: TriggerSource, changed: Callable[[str], str],
                       e: str = "") -> str:

@@ -123,24 +123,16 @@ class MySQL(Vendor):
         parts = ", ".join(f"IF({changed(c)}, '{c}, ', '')" for c in columns)
         return f"CONCAT('changed: ', TRIM(TRAILING ', ' FROM CONCAT({parts})))"
 
-    def row_trigger_body(self, statement: str) -> str:
-        return statement
-
-    def is_distinct_sql(self, a: str, b: str) -> str:
-        return f"NOT ({a} <=> {b})"
+    DISTINCT_SQL = "NOT ({a} <=> {b})"
+    # information_schema compares names without regard to case: BINARY makes it exact.
+    TRIGGER_CATALOG_SQL = ("SELECT TRIGGER_NAME, EVENT_OBJECT_TABLE FROM information_schema."
+                           "TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() "
+                           "AND BINARY TRIGGER_NAME IN ({marks})")
 
     def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
                           statement: str) -> str:
         return (f"CREATE TRIGGER {name} AFTER UPDATE ON {table} FOR EACH ROW "
                 f"IF {condition} THEN {statement}; END IF")
-
-    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
-        # information_schema compares names without regard to case: BINARY makes the
-        # match exact (a trigger of the user's named DBWORKER_X_INS is not ours).
-        marks = ", ".join(["%s"] * len(names))
-        return ("SELECT TRIGGER_NAME, EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS "
-                f"WHERE TRIGGER_SCHEMA = DATABASE() AND BINARY TRIGGER_NAME IN ({marks})",
-                list(names))
 
     def drop_index_sql(self, name: str, table: str) -> str:
         return f"DROP INDEX {name} ON {table}"

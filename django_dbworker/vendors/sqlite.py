@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from typing import Any
 
 from .base import UnsupportedDatabase, Vendor
@@ -104,19 +103,13 @@ class SQLite(Vendor):
     def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
         return f"INSERT OR IGNORE INTO {self.qn(table)} ({columns}) {select_sql}"
 
-    def row_trigger_body(self, statement: str) -> str:
-        return f"BEGIN {statement}; END"
-
-    def is_distinct_sql(self, a: str, b: str) -> str:
-        return f"{a} IS NOT {b}"
+    ROW_TRIGGER_BODY = "BEGIN {statement}; END"
+    DISTINCT_SQL = "{a} IS NOT {b}"
+    # sqlite_master compares names byte for byte (BINARY collation): exact.
+    TRIGGER_CATALOG_SQL = ("SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' "
+                           "AND name IN ({marks})")
 
     def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
                           statement: str) -> str:
         return (f"CREATE TRIGGER {name} AFTER UPDATE OF {', '.join(columns)} ON {table} "
                 f"FOR EACH ROW WHEN {condition} BEGIN {statement}; END")
-
-    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
-        # sqlite_master compares names byte for byte (BINARY collation): exact.
-        marks = ", ".join(["%s"] * len(names))
-        return (f"SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' "
-                f"AND name IN ({marks})", list(names))
