@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Markdown tables from a benchmark JSON (default: results/latest.json).
+"""Markdown tables from a benchmark JSON (default: the newest full run in results/).
 
     python benchmarks/report.py                 # print them
     python benchmarks/report.py --write         # replace the results block in docs/benchmarks.md
@@ -18,6 +18,18 @@ DOC = HERE.parent / "docs" / "benchmarks.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
+FULL_RUN = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:-(\d+))?\.json$")  # not -quick, -partial
+
+
+def newest_full_run(results: Path) -> Path:
+    """The newest complete full run: results/<date>[-N].json with the latest date and N."""
+    runs = [(m[1], int(m[2] or 1), p) for p in results.glob("*.json")
+            if (m := FULL_RUN.match(p.name))]
+    if not runs:
+        raise SystemExit(f"No full run in {results}: run `make bench` first.")
+    return max(runs)[2]
+
+
 def num(v: Any, digits: int = 0) -> str:
     if v is None:
         return "-"
@@ -34,7 +46,7 @@ def peers(cfg: dict[str, Any]) -> list[str]:
     return [*(f"- {name}: {text}" for name, text in how.items()), ""] if how else []
 
 
-def tables(report: dict[str, Any], source: str = "benchmarks/results/latest.json") -> str:
+def tables(report: dict[str, Any], source: str) -> str:
     s, cfg = report["summary"], report["config"]
     out = [f"Run of {report['date']}, `{report['mode']}` mode, medians of {cfg['repeats']} "
            f"(JSON: `{source}`).", "", machine_line(report), ""]
@@ -127,10 +139,10 @@ def memory_table(mem: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("json", nargs="?", default=str(HERE / "results" / "latest.json"))
+    parser.add_argument("json", nargs="?", help="a results file (default: the newest full run)")
     parser.add_argument("--write", action="store_true", help=f"update {DOC.name}")
     args = parser.parse_args()
-    path = Path(args.json).resolve()
+    path = Path(args.json or newest_full_run(HERE / "results")).resolve()
     source = path.relative_to(HERE.parent) if path.is_relative_to(HERE.parent) else path
     text = tables(json.loads(path.read_text()), str(source))
     if not args.write:

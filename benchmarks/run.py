@@ -14,8 +14,8 @@ when its package is missing); pickup latency (row committed -> handler starts, w
 workers) and idle CPU; history ratio (1,000 new rows with 100,000 finished rows in history
 vs none, default ordering and a filtered/ordered eligible()); scale-out (1, 2, 4
 `runworkers` processes on PostgreSQL, duplicates checked); RSS of coordinator and children.
-Prints a table and writes benchmarks/results/<date>[-quick][-partial].json; a complete full
-run also writes results/latest.json.
+Prints a table and writes benchmarks/results/<date>[-N][-quick][-partial].json (N: the
+day's second, third... run); results live only in these dated files.
 """
 
 from __future__ import annotations
@@ -146,15 +146,17 @@ def main() -> int:
     report["runs"] = raw
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-    # latest.json is the latest complete full run: a quick or partial run (--only,
-    # --databases) writes only its dated file.
+    # Only a complete full run is named by its date alone (report.py shows the newest
+    # of those); a run never replaces an earlier one's file.
     partial = only != {"drain", "pickup", "history", "scale", "memory"} or len(dbs) < len(ALL_DBS)
-    dated = RESULTS / f"{stamp}{'-quick' if quick else ''}{'-partial' if partial else ''}.json"
-    paths = [dated] if partial or quick else [dated, RESULTS / "latest.json"]
-    for path in paths:
-        path.write_text(json.dumps(report, indent=2) + "\n")
+    kind = f"{'-quick' if quick else ''}{'-partial' if partial else ''}"
+    dated, n = RESULTS / f"{stamp}{kind}.json", 1
+    while dated.exists():
+        n += 1
+        dated = RESULTS / f"{stamp}-{n}{kind}.json"
+    dated.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
-    print(f"elapsed {report['elapsed_s']}s; JSON: {', '.join(map(str, paths))}")
+    print(f"elapsed {report['elapsed_s']}s; JSON: {dated}")
     return 0
 
 
