@@ -18,6 +18,7 @@ from django.urls import reverse
 
 from django_dbworker import Coordinator, ExecutionStatus, execution_status
 from django_dbworker.models import CoordinatorHeartbeat, Execution
+from tests.helpers import execution
 from tests.testapp.models import Document
 
 CHROMIUM = os.environ.get("DBWORKER_CHROMIUM", "/usr/bin/chromium")
@@ -96,7 +97,7 @@ def test_operator_finds_and_resets_failures(browser: Any, live_server: Any,
     assert "ValueError: cannot handle document" in rows.first.inner_text()
 
     # The detail page of one failure: read the traceback, press Reset, confirm.
-    first = Execution.objects.get(worker="docs", source_id=str(broken[0].pk))
+    first = execution("docs", broken[0])
     page.click(f'#result_list a[href*="/execution/{first.pk}/change/"]')
     assert "Traceback (most recent call last)" in page.inner_text(".dbworker-traceback")
     page.click("a.dbworker-reset-link")
@@ -150,7 +151,7 @@ def test_the_dashboard_refreshes_itself_the_why_page_explains_and_the_list_fits(
                            timeout=15_000)
 
     # "Why not running?" from the execution page: the eligible filter blocks this row.
-    row = Execution.objects.get(worker="docs", source_id=str(waiting.pk))
+    row = execution("docs", waiting)
     page.goto(url + reverse("admin:django_dbworker_execution_change", args=[row.pk]))
     page.click("a.dbworker-why-link")
     page.wait_for_selector(".dbworker-verdict")

@@ -16,14 +16,18 @@ from django.utils import timezone
 
 from django_dbworker import Coordinator
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from tests.helpers import drain, effects, running_marker, runworkers, settings_module, wait_for
+from tests.helpers import (
+    drain,
+    effects,
+    execution,
+    running_marker,
+    runworkers,
+    settings_module,
+    wait_for,
+)
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def execution(doc):
-    return Execution.objects.get(worker="docs", source_id=str(doc.pk))
 
 
 def test_a_killed_child_is_replaced_and_its_row_runs_again_once():
@@ -36,14 +40,14 @@ def test_a_killed_child_is_replaced_and_its_row_runs_again_once():
         wait_for(started.exists, timeout=60)  # the handler is running
         [child] = coordinator.pools[0].children
         os.kill(child.process.pid, signal.SIGKILL)
-        wait_for(lambda: execution(doc).status == "finished" and execution(other).status == "finished",
+        wait_for(lambda: execution("docs", doc).status == "finished" and execution("docs", other).status == "finished",
                  timeout=60)
         assert coordinator.pools[0].children[0].process.pid != child.process.pid  # rebuilt
     finally:
         coordinator.stop()
     assert coordinator.stats["crashed"] == 1
     assert effects("docs") == {str(doc.pk): 1, str(other.pk): 1}
-    assert execution(doc).attempts == 2
+    assert execution("docs", doc).attempts == 2
 
 
 def test_a_handler_longer_than_the_lease_keeps_its_row():
@@ -53,11 +57,11 @@ def test_a_handler_longer_than_the_lease_keeps_its_row():
     coordinator = Coordinator(["docs"], concurrency=1)
     coordinator.start()
     try:
-        wait_for(lambda: execution(doc).status == "finished", timeout=60)
+        wait_for(lambda: execution("docs", doc).status == "finished", timeout=60)
     finally:
         coordinator.stop()
     assert coordinator.stats["lost"] == 0 and coordinator.stats["recovered"] == 0
-    assert execution(doc).attempts == 1
+    assert execution("docs", doc).attempts == 1
     assert effects("docs") == {str(doc.pk): 1}
 
 
@@ -73,7 +77,7 @@ def test_a_killed_coordinator_and_child_lose_nothing_the_lease_returns_the_row(t
     wait_for(started.exists, timeout=60)  # the handler is running
     os.killpg(proc.pid, signal.SIGKILL)  # the machine is gone: coordinator and children
     proc.communicate(timeout=30)
-    held = execution(doc)
+    held = execution("docs", doc)
     assert held.status == "working"  # nobody released it
     assert held.claimed_by == f"another-machine:{proc.pid}"
     lease_ended = held.lease_expires_at
@@ -93,7 +97,7 @@ def test_a_killed_coordinator_and_child_lose_nothing_the_lease_returns_the_row(t
     assert "1 claim(s) had expired leases" in caplog.text
     assert "are gone" not in caplog.text
     assert CoordinatorHeartbeat.objects.filter(host="another-machine", pid=proc.pid).exists()
-    e = execution(doc)
+    e = execution("docs", doc)
     assert e.status == "finished" and e.attempts == 2  # the interrupted attempt, then ours
     assert e.claimed_by == f"{socket.gethostname()}:{os.getpid()}"
     assert e.started_at >= lease_ended  # run again only once the lease had run out
@@ -113,7 +117,7 @@ def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
     stale = runworkers("--worker", "docs")
     try:
         wait_for(started.exists, timeout=60)  # the handler is running
-        first = execution(doc)
+        first = execution("docs", doc)
         assert first.claimed_by.endswith(f":{stale.pid}") and first.attempts == 1
         os.kill(stale.pid, signal.SIGSTOP)  # the coordinator freezes: no lease renewal
         # Its child keeps running (20 s). After the lease (3 s), another coordinator takes
@@ -122,7 +126,7 @@ def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
         stats = Counter()
         wait_for(lambda: stats.update(drain("docs")) or stats["finished"], timeout=60,
                  interval=0.5)
-        taken = execution(doc)
+        taken = execution("docs", doc)
         assert stats["recovered"] == 1 and stats["claimed"] == 1 and stats["finished"] == 1, stats
         assert taken.claim_token is None and taken.attempts == 2
         assert taken.claimed_by == f"{socket.gethostname()}:{os.getpid()}"  # ours, not the stale one's
@@ -132,7 +136,7 @@ def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
     stale.send_signal(signal.SIGTERM)
     _, err = stale.communicate(timeout=60)
     assert "lost its claim" in err
-    assert execution(doc).status == "finished"
+    assert execution("docs", doc).status == "finished"
     assert effects("docs") == {str(doc.pk): 1}  # exactly once: the stale child's writes are gone
 
 
@@ -150,7 +154,7 @@ def sqlite_running_handler_cannot_be_taken_over():
         os.kill(first.pid, signal.SIGCONT)
     # No takeover: nothing recovered, claimed or run by the second coordinator.
     assert stats["recovered"] == stats["claimed"] == stats["finished"] == 0, stats
-    e = execution(doc)
+    e = execution("docs", doc)
     assert e.status == "finished" and e.attempts == 1
     assert e.claimed_by == f"{socket.gethostname()}:{first.pid}"  # by its first claim
     assert effects("docs") == {str(doc.pk): 1}
@@ -166,13 +170,13 @@ def test_claims_of_a_coordinator_that_died_on_this_machine_are_released_at_once(
     wait_for(started.exists, timeout=60)  # the handler is running
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)  # reaped: the pid no longer exists
-    Execution.objects.filter(pk=execution(doc).pk).update(
+    Execution.objects.filter(pk=execution("docs", doc).pk).update(
         lease_expires_at=timezone.now() + timedelta(hours=1))
     Document.objects.filter(pk=doc.pk).update(behaviour="ok")
     assert CoordinatorHeartbeat.objects.filter(pid=proc.pid).exists()
     stats = drain("docs")
     assert stats["finished"] == 1
-    assert execution(doc).status == "finished"
+    assert execution("docs", doc).status == "finished"
     assert effects("docs") == {str(doc.pk): 1}
     assert not CoordinatorHeartbeat.objects.filter(pid=proc.pid).exists()
 
@@ -190,11 +194,11 @@ def test_rows_sent_ahead_to_a_child_are_given_back_when_its_handler_is_stuck(cap
             quick = Document.objects.bulk_create([Document() for _ in range(10)])
             if connection.vendor == "sqlite":
                 # One writer: nothing commits while the slow handler's transaction is open.
-                wait_for(lambda: all(execution(d).status == "finished" for d in [slow, *quick]),
+                wait_for(lambda: all(execution("docs", d).status == "finished" for d in [slow, *quick]),
                          timeout=60)
             else:
-                wait_for(lambda: all(execution(d).status == "finished" for d in quick), timeout=30)
-                assert execution(slow).status == "working"  # they did not wait for it
+                wait_for(lambda: all(execution("docs", d).status == "finished" for d in quick), timeout=30)
+                assert execution("docs", slow).status == "working"  # they did not wait for it
     finally:
         coordinator.stop()
     # Rows had been sent ahead to the stuck child, and were taken back from it.
@@ -208,9 +212,9 @@ def test_rows_sent_ahead_to_a_child_are_given_back_when_its_handler_is_stuck(cap
     # test_rows_behind_a_stuck_handler_are_revoked proves the revocation itself.)
     assert coordinator.stats["released"] >= sum(given_back), coordinator.stats
     assert effects("docs") == {str(d.pk): 1 for d in [*warm, slow, *quick]}
-    assert execution(slow).status == "finished"
+    assert execution("docs", slow).status == "finished"
     if connection.vendor != "sqlite":  # SQLite: some rows end with 2 attempts (open question)
-        assert {execution(d).attempts for d in quick} == {1}  # given back unstarted: not counted
+        assert {execution("docs", d).attempts for d in quick} == {1}  # given back unstarted: not counted
 
 
 def freeze_outside_a_write(pid):
@@ -250,12 +254,12 @@ def test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_not_started():
         wait_for(lambda: effects("docs").total() == len(warm), timeout=60)
         slow, *waiting = Document.objects.bulk_create(
             [Document(behaviour="sleep:2"), *[Document() for _ in range(10)]])
-        wait_for(lambda: execution(slow).status == "working", timeout=30)
+        wait_for(lambda: execution("docs", slow).status == "working", timeout=30)
         assert len(coordinator.pools[0].children[0].outstanding) > 1  # rows were sent ahead
     finally:
         coordinator.stop()
-    assert execution(slow).status == "finished"
-    given_back = [execution(d) for d in waiting if str(d.pk) not in effects("docs")]
+    assert execution("docs", slow).status == "finished"
+    given_back = [execution("docs", d) for d in waiting if str(d.pk) not in effects("docs")]
     assert given_back, "every waiting row ran: nothing was sent ahead to give back"
     assert {(e.status, e.attempts, e.claim_token) for e in given_back} == {("pending", 0, None)}
     assert set(effects("docs").values()) == {1}  # none ran twice

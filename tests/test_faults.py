@@ -40,7 +40,7 @@ from django_dbworker import (
     worker,
 )
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from tests.helpers import drain, effects, run_with_settings, runworkers, wait_for
+from tests.helpers import drain, effects, execution, run_with_settings, runworkers, wait_for
 from tests.processes import (
     is_running,
     worker_children,
@@ -49,10 +49,6 @@ from tests.testapp.models import Document, Effect, FaultJob, Tag
 from tests.testapp.workers import pid_file
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def execution(worker_name, obj):
-    return Execution.objects.get(worker=worker_name, source_id=str(obj.pk))
 
 
 # -- deadlines: a per-worker timeout ----------------------------------------------------

@@ -17,6 +17,7 @@ from django_dbworker.installation import (
 from django_dbworker.models import Execution
 from django_dbworker.registry import Worker, registry
 from django_dbworker.vendors import for_connection
+from tests.helpers import execution
 from tests.testapp.models import Document, Tag, UuidItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -67,7 +68,7 @@ def test_deleting_a_source_row_removes_its_history_but_not_a_held_claim():
     Document.objects.filter(pk__in=[a.pk, b.pk]).delete()
     assert not Execution.objects.filter(worker="docs", source_id=str(a.pk)).exists()
     # A handler holds b: it must be able to record that its source disappeared.
-    assert Execution.objects.get(worker="docs", source_id=str(b.pk)).status == "working"
+    assert execution("docs", b).status == "working"
 
 
 def test_install_backfills_rows_that_existed_before_and_cleans_up_removed_ones():

@@ -9,15 +9,11 @@ import pytest
 
 from django_dbworker import ExecutionStatus, execution_status
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from tests.helpers import effects, held_handler, running_marker, runworkers, wait_for
+from tests.helpers import effects, execution, held_handler, running_marker, runworkers, wait_for
 from tests.processes import Output, is_running
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def status_of(doc):
-    return Execution.objects.get(worker="docs", source_id=str(doc.pk)).status
 
 
 def test_drain_runs_everything_and_exits_zero_with_a_banner():
@@ -80,9 +76,9 @@ def test_sigterm_finishes_running_handlers_then_exits_zero():
         held.wait()  # the handler is running, and waits for us
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "finishing running handlers" in output.err)  # the signal landed
-        assert status_of(doc) == "working" and effects("docs") == {}  # mid-handler
+        assert execution("docs", doc).status == "working" and effects("docs") == {}  # mid-handler
     assert output.wait(timeout=60) == 0, output.err
-    assert status_of(doc) == "finished"
+    assert execution("docs", doc).status == "finished"
     assert effects("docs") == {str(doc.pk): 1}
 
 
@@ -97,9 +93,11 @@ def test_a_second_signal_terminates_handlers_and_releases_their_claims_at_once()
     wait_for(lambda: "finishing running handlers" in output.err, timeout=60)
     proc.send_signal(signal.SIGTERM)
     assert output.wait(timeout=30) == 0, output.err
-    e = Execution.objects.get(worker="docs", source_id=str(doc.pk))
+    e = execution("docs", doc)
     # Claimable again right away (not after the lease), and nothing was committed.
     assert e.status == "pending" and e.claim_token is None and e.lease_expires_at is None
+    # An attempt interrupted from outside is not counted, and no process claims it now.
+    assert e.attempts == 0 and e.claimed_by is None, (e.attempts, e.claimed_by)
     assert effects("docs") == {}
 
 
@@ -111,9 +109,9 @@ def test_children_ignore_ctrl_c_sent_to_the_process_group():
         child = held.wait()  # the handler is running, and waits for us
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         wait_for(lambda: "Received SIGINT" in output.err)  # it reached the group
-        assert status_of(doc) == "working" and is_running(child)  # mid-handler, untouched
+        assert execution("docs", doc).status == "working" and is_running(child)  # mid-handler, untouched
     assert output.wait(timeout=60) == 0, output.err
-    assert status_of(doc) == "finished"  # the child was not interrupted
+    assert execution("docs", doc).status == "finished"  # the child was not interrupted
     assert effects("docs") == {str(doc.pk): 1}
 
 
@@ -125,7 +123,7 @@ def test_shutdown_timeout_acts_as_a_second_signal():
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert status_of(doc) == "pending"
+    assert execution("docs", doc).status == "pending"
     assert effects("docs") == {}
 
 
