@@ -280,13 +280,15 @@ class Bridge:
 
     def _claim_returning(self, worker: Worker, stmt: sa.Select[Any],
                          values: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
-        """One round trip: lock the candidates (skipping rows others hold), claim them."""
+        """One statement: lock the candidates (skipping rows others hold), claim them."""
         e = self.execution
         picked = self._locked(stmt).cte("dbw_claim")
         update = (sa.update(e).where(e.c.id == picked.c.id).values(**values)
                   .returning(e.c.id, e.c.source_id, picked.c.status, e.c.attempts,
                              picked.c.ready_at, e.c.priority))
-        with self.engine.begin() as conn:
+        # One statement is its own transaction: in autocommit it is one round trip,
+        # where BEGIN ... COMMIT around it made three (a third of pickup latency).
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             rows = list(conn.execute(update))
         # RETURNING has no order: put back the claim order (priority, then creation).
         rows.sort(key=lambda r: (-r[5], r[0]))
