@@ -1,3 +1,6 @@
+"""The app config: discovers workers when Django starts, and installs their triggers
+after ``migrate``."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

@@ -1,3 +1,6 @@
+"""Finding the workers: imports ``workers.py`` of every installed app (like admin.py),
+or the modules listed in ``DBWORKER["WORKER_MODULES"]``."""
+
 from __future__ import annotations
 
 from importlib import import_module

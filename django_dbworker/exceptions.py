@@ -1,3 +1,5 @@
+"""The exceptions the app raises into your code."""
+
 from __future__ import annotations
 
 

@@ -1,3 +1,6 @@
+"""What a handler returns: ``Finished()`` (done) or ``Unfinished()`` (run it again from
+the start, without using up a retry)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

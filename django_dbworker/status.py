@@ -1,3 +1,5 @@
+"""The statuses an Execution row moves through, and which of them claims and waits read."""
+
 from __future__ import annotations
 
 from enum import StrEnum
