@@ -177,6 +177,23 @@ def test_coordinator_refuses_to_start_without_triggers():
         install("default")
 
 
+def test_a_handler_defined_in_main_is_refused_with_the_fix():
+    """Children are spawned: they import the handler by its module, which __main__ is
+    not. The coordinator says so before it starts a child."""
+    import dataclasses
+
+    from django_dbworker.preflight import check_can_start
+
+    def in_a_script(tag):
+        return None
+
+    in_a_script.__module__ = "__main__"
+    worker = dataclasses.replace(registry["tags"], handler=in_a_script)
+    with pytest.raises(ImproperlyConfigured, match=r"lives in __main__.*move it into a module"):
+        check_can_start("default", [worker])
+    check_can_start("default", [registry["tags"]])  # the registered one may start
+
+
 def _ghost_handler(tag):  # a module-level handler for the ghost worker
     return None
 
