@@ -255,7 +255,10 @@ def test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_not_started():
         slow, *waiting = Document.objects.bulk_create(
             [Document(behaviour="sleep:2"), *[Document() for _ in range(10)]])
         wait_for(lambda: execution("docs", slow).status == "working", timeout=30)
-        assert len(coordinator.pools[0].children[0].outstanding) > 1  # rows were sent ahead
+        # The claim commits before the coordinator sends its rows: wait for the sending,
+        # within the slow handler's two seconds (the rows must still be sent ahead).
+        child = coordinator.pools[0].children[0]
+        wait_for(lambda: len(child.outstanding) > 1, timeout=1.5)  # rows were sent ahead
     finally:
         coordinator.stop()
     assert execution("docs", slow).status == "finished"
