@@ -58,6 +58,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, help="runs per measurement (median)")
     parser.add_argument("--drain-jobs", type=int)
     parser.add_argument("--pickup-samples", type=int)
+    parser.add_argument("--idle-seconds", type=float,
+                        help="idle stretch after the pickup samples (idle CPU, then one insert)")
     parser.add_argument("--history-rows", type=int)
     parser.add_argument("--history-new", type=int)
     parser.add_argument("--scale-jobs", type=int)
@@ -76,6 +78,7 @@ def main() -> int:
     cfg.repeats = cfg.repeats or (1 if quick else 3)
     cfg.drain_jobs = cfg.drain_jobs or (400 if quick else 5000)
     cfg.pickup_samples = cfg.pickup_samples or (25 if quick else 200)
+    cfg.idle_seconds = cfg.idle_seconds or (1.0 if quick else 5.0)
     cfg.history_rows = cfg.history_rows or (10_000 if quick else 100_000)
     cfg.history_new = cfg.history_new or (250 if quick else 1000)
     cfg.scale_jobs = cfg.scale_jobs or (400 if quick else 5000)
@@ -101,7 +104,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "full",
-        "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples",
+        "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples", "idle_seconds",
                                                  "history_rows", "history_new", "scale_jobs", "memory_jobs")},
         "machine": machine(), "servers": server_versions(dbs),
     }

@@ -394,4 +394,5 @@ def run_system(system: System, kind: str, raw: dict[str, Any], step: Callable[[s
 
 class Cfg(argparse.Namespace):
     log: Path
+    idle_seconds: float
     timeout: float

@@ -54,12 +54,14 @@ def pickup(db: str, system: str, samples: int, gap: float, idle: float,
            cfg: Cfg) -> dict[str, Any]:
     """Insert one row at a time into warm idle workers; latency = handler start -
     commit acknowledged to the inserting client (for the systems that need a message or
-    a task as well, it is sent right after that commit). Then measure idle CPU."""
+    a task as well, it is sent right after that commit). Then measure idle CPU for `idle`
+    seconds, and the pickup of one row inserted after that idle stretch."""
     from benchapp.models import Job
 
     reset(db)
     trees, announce = pickup_workers(db, system, cfg)
     committed: dict[int, float] = {}
+    after_idle = -1
     try:
         def insert() -> int:
             job = Job.objects.using(db).create(created_ts=time.time())
@@ -80,20 +82,29 @@ def pickup(db: str, system: str, samples: int, gap: float, idle: float,
         time.sleep(idle)
         cpu1 = sum(t.cpu_seconds() for t in trees)
         idle_cpu = (cpu1 - cpu0) / (time.monotonic() - t0) * 100
+        # One more row after that idle stretch: a poll back-off that has grown while
+        # nothing happened shows here, not in the samples above (0.1 s apart).
+        after_idle = insert()
+        wait_for_count(db, system, samples + 2, 30, *trees)
         for tree in trees:
             tree.sample()
     finally:
         for tree in trees:
             tree.stop()
     first = min(committed)
-    lat = sorted((started - committed[job_id]) * 1000 for job_id, started, _ in effects(db, system)
-                 if job_id != first)
+    started_at = {job_id: started for job_id, started, _ in effects(db, system)}
+    lat = sorted((started - committed[job_id]) * 1000 for job_id, started in started_at.items()
+                 if job_id not in (first, after_idle))
+    idle_ms = ((started_at[after_idle] - committed[after_idle]) * 1000
+               if after_idle in started_at else None)
     return {
         "samples": samples, "done": len(lat),
         "p50_ms": round(percentile(lat, 50), 2) if lat else None,
         "p95_ms": round(percentile(lat, 95), 2) if lat else None,
         "max_ms": round(lat[-1], 2) if lat else None,
         "idle_cpu_percent": round(idle_cpu, 2),
+        "idle_seconds": idle,
+        "after_idle_ms": round(idle_ms, 2) if idle_ms is not None else None,
         "rss": processes_rss(trees),
     }
 
@@ -102,7 +113,7 @@ def pickup_systems(db: str, cfg: Cfg) -> list[System]:
     """dbworker on every database; on PostgreSQL the push-based peers and our tasks."""
     def run(system: str) -> Callable[[], dict[str, Any]]:
         return lambda: pickup(db, system, cfg.pickup_samples, 0.05 if cfg.quick else 0.1,
-                              1.0 if cfg.quick else 5.0, cfg)
+                              cfg.idle_seconds, cfg)
 
     systems = [System(f"dbworker {DB_NAMES[db]}", db, run("dbworker"))]
     if db != "postgres":

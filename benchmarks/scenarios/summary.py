@@ -97,7 +97,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     out["drain"], out["ceiling"] = summarize_drains(raw["drain"], not_run.get("drain", {}))
     for name, runs in raw["pickup"].items():
         out["pickup"][name] = {k: median_of(runs, k) for k in
-                               ("p50_ms", "p95_ms", "max_ms", "idle_cpu_percent")}
+                               ("p50_ms", "p95_ms", "max_ms", "idle_cpu_percent",
+                                "after_idle_ms")}
     for name, reason in not_run.get("pickup", {}).items():
         out["pickup"].setdefault(name, {"not_run": reason})
     for name, pair in raw["history"].items():
