@@ -204,10 +204,15 @@ class Bridge:
         stmt = sa.select(e.c.id, e.c.source_id, e.c.status, e.c.attempts, e.c.ready_at).where(
             e.c.claimable_worker == worker.name)
         default_order = [e.c.priority.desc(), e.c.id] if worker.prioritized else [e.c.id]
-        if worker.eligible is None:
+        qs = worker.eligible_queryset() if worker.eligible is not None else None
+        annotations, terms = ordering_terms(qs.query.order_by) if qs is not None else ({}, [])
+        index = ("dbworker_claimable_priority" if worker.prioritized and not terms
+                 else "dbworker_claimable")
+        hint = self.vendor.index_hint(index)
+        if hint:
+            stmt = stmt.with_hint(e, hint)
+        if qs is None:
             return stmt.order_by(*default_order).limit(limit), False
-        qs = worker.eligible_queryset()
-        annotations, terms = ordering_terms(qs.query.order_by)
         values = qs.order_by().values(dbw_pk=F("pk"), **annotations)
         sql, params = values.query.get_compiler(using=self.alias).as_sql()
         eligible = django_sql_to_text(sql, params).columns(

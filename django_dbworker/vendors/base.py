@@ -112,6 +112,10 @@ class Vendor:
         self.connection = connection
         self.qn = connection.ops.quote_name
 
+    def index_hint(self, index: str) -> str | None:
+        """A table hint that makes a claim read ``index`` (None: the planner's choice)."""
+        return None
+
     # -- errors --------------------------------------------------------------------------
     def is_lock_contention(self, exc: BaseException) -> bool:
         """Whether a failed statement only met another writer's lock (wait and retry),

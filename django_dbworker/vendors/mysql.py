@@ -33,6 +33,14 @@ class MySQL(Vendor):
     def row_locks(self) -> str:  # type: ignore[override]
         return "rows" if self.is_mariadb else "of_table"  # MariaDB has no FOR UPDATE OF
 
+    def index_hint(self, index: str) -> str | None:
+        # Measured on MariaDB 10.11 with one worker on a table and 100,000 finished rows:
+        # the claimable index has two key values (the worker, NULL), so the optimizer
+        # guesses that a fifth of all rows are claimable and walks the primary key in id
+        # order for ORDER BY id LIMIT n -- every finished row, 69 ms a claim -- instead of
+        # the claimable index, which yields the same order (tests/test_claims.py).
+        return f"FORCE INDEX ({index})"
+
     def is_deadlock(self, exc: BaseException) -> bool:
         return error_code(exc) in self.DEADLOCK_CODES
 
