@@ -26,3 +26,42 @@ def test_the_first_row_after_a_long_idle_is_picked_up_at_once():
     # Without a wake-up the row would wait for the next poll: 2 s or more by now.
     assert waited < 1.5, f"picked up {waited:.2f}s after the insert"
     print(f"\npicked up and finished {waited * 1000:.0f} ms after the insert")
+
+
+def _idle_claim_times(poll: float, most: float, seconds: float) -> list[float]:
+    """When an idle coordinator (nothing to claim) ran its claims, over `seconds`.
+
+    A long lease: renewals (every third of it) write the heartbeat, and on SQLite any
+    commit, its own included, moves the change probe and wakes the claims early."""
+    coordinator = Coordinator(["docs"], poll_seconds=poll, max_poll_seconds=most,
+                              lease_seconds=60)
+    coordinator.start()
+    times: list[float] = []
+    try:
+        assert coordinator.bridge is not None
+        claim = coordinator.bridge.claim
+
+        def counted(*args, **kwargs):
+            times.append(time.monotonic())
+            return claim(*args, **kwargs)
+
+        coordinator.bridge.claim = counted  # the loop looks the method up on each claim
+        time.sleep(seconds)
+    finally:
+        coordinator.stop()
+    return times
+
+
+def test_an_idle_coordinator_backs_off_its_polls_up_to_max_poll_seconds():
+    # POLL_SECONDS = MAX_POLL_SECONDS: no back-off, a claim every 0.05 s.
+    steady = _idle_claim_times(0.05, 0.05, 3)
+    # Doubling from 0.05 s, capped at 0.4 s: 0.05, 0.1, 0.2, then every 0.4 s.
+    backed_off = _idle_claim_times(0.05, 0.4, 4)
+    gaps = [b - a for a, b in zip(backed_off, backed_off[1:], strict=False)]
+    print(f"\n{len(steady)} claims in 3 s without back-off; {len(backed_off)} in 4 s with it, "
+          f"gaps {[round(g, 2) for g in gaps]}")
+    assert len(steady) >= 20
+    assert 5 <= len(backed_off) <= 14
+    late = gaps[-4:]  # once the back-off reached its cap
+    assert min(late) >= 0.35, gaps  # the wait grew to MAX_POLL_SECONDS ...
+    assert max(late) < 0.4 + 0.5, gaps  # ... and no further
