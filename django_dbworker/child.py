@@ -257,6 +257,7 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
     outcomes: list[tuple[Delivery, Any, datetime, datetime]] = []
     failures: list[Result] = []
     row: Delivery | None = None
+    failpoints.reached("child.before_begin")  # rows received, no transaction open yet
     try:
         with transaction.atomic(using=alias):
             sources = _load_sources(worker, alias, take)

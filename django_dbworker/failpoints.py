@@ -17,7 +17,7 @@ import signal
 from typing import Any
 
 POINTS = (
-    "child.before_commit", "child.after_commit",
+    "child.before_begin", "child.before_commit", "child.after_commit",
     "coordinator.after_claim", "coordinator.before_renew", "coordinator.after_renew",
     "coordinator.stopping", "coordinator.claim_locked",
 )

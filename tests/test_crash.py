@@ -140,6 +140,67 @@ def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
     assert effects("docs") == {str(doc.pk): 1}  # exactly once: the stale child's writes are gone
 
 
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: a running "
+                    "handler's transaction holds it, so its row cannot be taken over (above)")
+def test_a_stale_childs_commit_is_refused_while_the_new_holder_still_runs():
+    """The claim token guards the commit, not only the status: here the row is still
+    WORKING (under the new holder's claim) when the stale child commits, so a guard on the
+    status alone would let the stale run win and refuse the new holder's instead."""
+    doc = Document.objects.create(behaviour="sleep:12")
+    started = running_marker("docs", doc.pk)
+    stale = runworkers("--worker", "docs")
+    try:
+        wait_for(started.exists, timeout=60)
+        stale_child = started.read_text()
+        os.kill(stale.pid, signal.SIGSTOP)  # no renewals; its child sleeps on (12 s)
+        new = runworkers("--worker", "docs")  # takes the row over after the lease (3 s)
+        wait_for(lambda: started.exists() and started.read_text() not in ("", stale_child),
+                 timeout=60, interval=0.1)  # the new holder's handler is running
+        assert execution("docs", doc).claimed_by.endswith(f":{new.pid}")
+    finally:
+        os.kill(stale.pid, signal.SIGCONT)
+    # The stale child finishes first, while the new holder's handler still sleeps.
+    wait_for(lambda: execution("docs", doc).status == "finished", timeout=60, interval=0.2)
+    for proc in (stale, new):
+        proc.send_signal(signal.SIGTERM)
+    _, stale_err = stale.communicate(timeout=60)
+    _, new_err = new.communicate(timeout=60)
+    assert "lost its claim" in stale_err, stale_err
+    assert "lost its claim" not in new_err, new_err  # the new holder's commit stands
+    e = execution("docs", doc)
+    assert e.status == "finished" and e.attempts == 2
+    assert effects("docs") == {str(doc.pk): 1}
+
+
+def test_a_stale_child_that_wakes_after_the_takeover_has_its_writes_discarded(tmp_path):
+    """End to end on every database, SQLite included: the child stops itself after it
+    received its row and before it opened a transaction (so it holds no lock), its
+    coordinator freezes, another coordinator takes the row over and finishes it; then the
+    stale pair wakes, runs the handler and tries to commit."""
+    doc = Document.objects.create(behaviour="sleep:0.5")
+    marker = tmp_path / "child-stopped"
+    stale = runworkers("--worker", "docs",
+                       env={"DBWORKER_FAILPOINT": f"child.before_begin:{marker}:stop"})
+    try:
+        wait_for(marker.exists, timeout=60)  # the child has the row, and is stopped
+        os.kill(stale.pid, signal.SIGSTOP)  # its coordinator too: no renewals
+        stats = Counter()
+        wait_for(lambda: stats.update(drain("docs")) or stats["finished"], timeout=60,
+                 interval=0.5)  # after the lease (3 s): recovered, claimed, finished
+        assert stats["recovered"] == 1 and stats["finished"] == 1, stats
+        assert effects("docs") == {str(doc.pk): 1}
+        started = running_marker("docs", doc.pk)  # (cleared of the new holder's run)
+    finally:
+        os.killpg(stale.pid, signal.SIGCONT)  # the coordinator and its stopped child
+    wait_for(started.exists, timeout=30)  # the stale child runs the handler
+    stale.send_signal(signal.SIGTERM)  # a graceful stop waits for it to try its commit
+    _, err = stale.communicate(timeout=60)
+    assert "lost its claim" in err, err
+    e = execution("docs", doc)
+    assert e.status == "finished" and e.attempts == 2
+    assert effects("docs") == {str(doc.pk): 1}  # the stale run's writes are gone
+
+
 def sqlite_running_handler_cannot_be_taken_over():
     """SQLite has one writer: a running handler's transaction holds it, so no process can
     take its row over, even past the lease; the row finishes once, by its first claim."""

@@ -21,7 +21,7 @@ from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHILD_POINTS = ["child.before_commit", "child.after_commit"]
+CHILD_POINTS = ["child.before_begin", "child.before_commit", "child.after_commit"]
 COORDINATOR_POINTS = ["coordinator.after_claim", "coordinator.before_renew",
                       "coordinator.after_renew", "coordinator.stopping"]
 

@@ -1,0 +1,192 @@
+#!/usr/bin/env python
+"""Turn one mechanism off at a time, in a copy of the tree, and run the tests that guard
+it: each run must fail, or that mechanism has no test that bites.
+
+    .venv/bin/python scripts/break-checks.py                  # every break, its databases
+    .venv/bin/python scripts/break-checks.py token-guard      # some of them
+    .venv/bin/python scripts/break-checks.py --list
+
+Each break is one exact text replacement in the package (it refuses to run if the text
+is gone, so a refactor cannot turn a check into a silent pass). The copy lives in a
+temporary directory and is put first on PYTHONPATH, for the tests and for every process
+they start; the checkout itself is never changed. Uses the same servers as `make test`
+(run it alone: the test databases have fixed names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Break:
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    databases: tuple[str, ...] = ("sqlite", "postgres", "mysql")
+
+
+BREAKS = [
+    Break("lease-renewal", "leases are never renewed", "django_dbworker/bridge.py",
+          '"""Push the lease of rows this coordinator still holds; returns how many."""\n',
+          '"""Push the lease of rows this coordinator still holds; returns how many."""\n'
+          "        return 0\n",
+          ("tests/test_crash.py::test_a_handler_longer_than_the_lease_keeps_its_row",),
+          # Not SQLite: a running handler holds its one write lock (BEGIN IMMEDIATE), so no
+          # other coordinator can take the lapsed lease before the handler has committed.
+          ("postgres", "mysql")),
+    Break("lease-recovery", "expired leases are never taken back", "django_dbworker/recovery.py",
+          "recovered = self.bridge.recover_expired(w)", "recovered = 0",
+          ("tests/test_crash.py::test_a_killed_coordinator_and_child_lose_nothing_the_lease_"
+           "returns_the_row",)),
+    Break("token-guard", "a child's outcome commits without checking its claim token",
+          "django_dbworker/child.py",
+          "guard |= Q(id__in=ids, claim_token=token)", "guard |= Q(id__in=ids)",
+          ("tests/test_crash.py::test_a_stale_childs_commit_is_refused_while_the_new_holder_"
+           "still_runs",),
+          # Not SQLite: a running handler holds the one write lock, so no other coordinator
+          # can take its row over (test_crash.py shows that instead).
+          ("postgres", "mysql")),
+    Break("commit-guard", "a child's outcome commits whatever became of its claim",
+          "django_dbworker/child.py",
+          "    return guard & Q(status=ExecutionStatus.WORKING)\n",
+          "    return Q(id__in=[row[1] for row in rows])\n",
+          ("tests/test_crash.py::test_a_stale_child_that_wakes_after_the_takeover_has_its_"
+           "writes_discarded",)),
+    Break("notify", "the triggers send no NOTIFY", "django_dbworker/vendors/postgresql.py",
+          "return (f\"PERFORM pg_notify('{NOTIFY_CHANNEL}', w) FROM \"",
+          'return ("PERFORM 1 FROM "',
+          ("tests/test_wakeups.py::test_the_first_row_after_a_long_idle_is_picked_up_at_once",),
+          ("postgres",)),
+    Break("change-probe", "idle coordinators never probe for changes",
+          "django_dbworker/wakeups.py",
+          "            if self._token is not _UNSEEN:\n                self.wake_all()\n",
+          "            pass\n",
+          ("tests/test_wakeups.py::test_the_first_row_after_a_long_idle_is_picked_up_at_once",),
+          ("sqlite", "mysql")),
+    Break("skip-locked", "claims wait for rows another transaction locked",
+          "django_dbworker/bridge.py",
+          "return select.with_for_update(skip_locked=True, of=self.execution)",
+          "return select.with_for_update(of=self.execution)",
+          ("tests/test_guarantees.py::test_a_row_locked_by_another_transaction_is_skipped_not_"
+           "waited_for",),
+          ("postgres",)),
+    Break("skip-locked-mariadb", "claims wait for rows another transaction locked (MariaDB)",
+          "django_dbworker/bridge.py",
+          "return select.with_for_update(skip_locked=True)\n",
+          "return select.with_for_update()\n",
+          ("tests/test_guarantees.py::test_a_row_locked_by_another_transaction_is_skipped_not_"
+           "waited_for",),
+          ("mysql",)),
+    Break("autodiscovery", "workers.py modules are not imported", "django_dbworker/discovery.py",
+          '        autodiscover_modules("workers")\n', "        pass\n",
+          ("tests/test_registry.py::test_workers_py_is_autodiscovered",), ("sqlite",)),
+    Break("drain-wait", "--drain ends while its handlers still run",
+          "django_dbworker/coordinator.py",
+          "            not p.busy and (self.wakeups.backoff",
+          "            (self.wakeups.backoff",
+          # (Only a pool with a free slot beside a running handler can end early.)
+          ("tests/test_drain.py",)),
+    Break("poll-backoff", "idle claims never back off", "django_dbworker/backoff.py",
+          "self.delay = min(self.delay * 2, self.most)", "self.delay = self.first",
+          ("tests/test_wakeups.py::test_an_idle_coordinator_backs_off_its_polls_up_to_max_poll_"
+           "seconds",)),
+    Break("claimable-index-hint", "MariaDB claims may walk Execution's primary key",
+          "django_dbworker/vendors/mysql.py",
+          'return f"FORCE INDEX ({index})"', "return None",
+          ("tests/test_claims.py::test_the_claim_plan_reads_the_claimable_index_not_the_history",),
+          ("mysql",)),
+]
+
+
+def copy_tree(into: Path) -> None:
+    """The working tree's tracked files (with uncommitted edits), nothing else."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = ROOT / name
+        if source.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+
+
+def apply(tree: Path, brk: Break) -> None:
+    path = tree / brk.path
+    text = path.read_text()
+    if text.count(brk.old) != 1:
+        raise SystemExit(f"{brk.name}: the text to replace occurs {text.count(brk.old)} times "
+                         f"in {brk.path}, not once: update scripts/break-checks.py")
+    path.write_text(text.replace(brk.old, brk.new))
+
+
+def run(tree: Path, brk: Break, database: str) -> tuple[int, list[str], float]:
+    env = {**os.environ, "DBWORKER_TEST_DB": database, "PYTHONPATH": str(tree)}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "180",
+         "-rfE", *brk.tests], cwd=tree, env=env, capture_output=True, text=True)
+    failed = [m[1] for m in re.finditer(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)]
+    return done.returncode, failed, time.monotonic() - started
+
+
+def imports_the_copy(tree: Path) -> bool:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    where = subprocess.run([sys.executable, "-c", "import django_dbworker; print(django_dbworker.__file__)"],
+                           cwd=tree, env=env, capture_output=True, text=True).stdout.strip()
+    return where.startswith(str(tree))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="breaks to run (default: all)")
+    parser.add_argument("--databases", help="comma-separated subset of sqlite,postgres,mysql")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for brk in BREAKS:
+            print(f"{brk.name:<22}{brk.what} ({', '.join(brk.databases)})")
+        return 0
+    unknown = set(args.names) - {b.name for b in BREAKS}
+    if unknown:
+        raise SystemExit(f"unknown break(s) {', '.join(sorted(unknown))}: see --list")
+    chosen = [b for b in BREAKS if not args.names or b.name in args.names]
+    only = set(args.databases.split(",")) if args.databases else None
+    results = []
+    for brk in chosen:
+        with tempfile.TemporaryDirectory(prefix="dbworker-break-") as tmp:
+            tree = Path(tmp)
+            copy_tree(tree)
+            apply(tree, brk)
+            if not imports_the_copy(tree):
+                raise SystemExit("the copy is not what Python imports: is the package "
+                                 "installed other than editable?")
+            for database in brk.databases:
+                if only and database not in only:
+                    continue
+                rc, failed, took = run(tree, brk, database)
+                bites = rc == 1 and bool(failed)  # tests failed (not: no tests, bad usage)
+                results.append((brk, database, bites, rc, failed))
+                print(f"{'bites ' if bites else 'MISSED'} {brk.name:<22}{database:<10}"
+                      f"{took:6.0f}s  {', '.join(f.split('::')[-1] for f in failed) or f'exit {rc}'}",
+                      flush=True)
+    missed = [r for r in results if not r[2]]
+    print(f"\n{len(results) - len(missed)} of {len(results)} breaks made a test fail")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
