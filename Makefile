@@ -35,7 +35,7 @@ test: $(STAMP) services lint
 	scripts/test-combos.sh $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check django_dbworker tests example_project benchmarks
+	$(BIN)/ruff check django_dbworker tests example_project benchmarks scripts
 	@echo "ruff: clean"
 	$(BIN)/mypy django_dbworker
 	@echo "mypy: clean"
