@@ -3,7 +3,9 @@ and the test plays the child's side of the protocol."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import time
 from multiprocessing import Pipe
@@ -189,7 +191,7 @@ def test_a_handler_past_its_timeout_is_killed(pool, monkeypatch):
     assert child not in pool.children and len(pool.children) == 2
 
 
-def test_rows_behind_a_stuck_handler_are_revoked(pool):
+def test_rows_behind_a_stuck_handler_are_revoked(pool, caplog):
     ready(pool)
     pool.timed(10, 0.01)  # handlers usually take 1 ms
     child = pool.children[0]
@@ -197,9 +199,16 @@ def test_rows_behind_a_stuck_handler_are_revoked(pool):
     child.send([stuck, *behind])
     child.start_running(child.deliveries()[0][0], started=time.monotonic() - 1.0)
     assert pool.room(child, time.monotonic()) == 0  # stuck: no more rows for it
-    events, revoked = pool.check(time.monotonic())
+    with caplog.at_level(logging.INFO, logger="django_dbworker.pool"):
+        events, revoked = pool.check(time.monotonic())
     assert events == [] and revoked == behind
     assert child.slot[protocol.SLOT_REVOKE] == 1
+    # Said in words, at INFO: a slow row among quick ones is routine, not an alarm.
+    [said] = [r for r in caplog.records if "given back" in r.getMessage()]
+    assert said.levelno == logging.INFO
+    assert re.search(r"one handler has run for \d+\.\ds, longer than its rows usually take; "
+                     r"the 3 row\(s\) waiting behind it in the same child were given back",
+                     said.getMessage()), said.getMessage()
     assert list(child.outstanding.values()) == [stuck]
     # The child then reports the revoked rows SKIPPED: they are no longer its to settle.
     child.report([(protocol.DONE, 1, "finished"), *[(protocol.SKIPPED, s, None) for s in (2, 3, 4)]])
