@@ -2,6 +2,7 @@
 MariaDB and SQLite -- not after its poll back-off has grown to MAX_POLL_SECONDS."""
 
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -57,7 +58,7 @@ def test_an_idle_coordinator_backs_off_its_polls_up_to_max_poll_seconds():
     steady = _idle_claim_times(0.05, 0.05, 3)
     # Doubling from 0.05 s, capped at 0.4 s: 0.05, 0.1, 0.2, then every 0.4 s.
     backed_off = _idle_claim_times(0.05, 0.4, 4)
-    gaps = [b - a for a, b in zip(backed_off, backed_off[1:], strict=False)]
+    gaps = [b - a for a, b in pairwise(backed_off)]
     print(f"\n{len(steady)} claims in 3 s without back-off; {len(backed_off)} in 4 s with it, "
           f"gaps {[round(g, 2) for g in gaps]}")
     assert len(steady) >= 20
