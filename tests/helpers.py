@@ -184,20 +184,28 @@ def session_processes(session: int) -> list[int]:
 
 
 class held_handler:
-    """A gate a test handler waits on: the test handlers (testapp.workers) write their
-    marker file (``pid_file``) when they start. Made a FIFO whose pipe is full, that write
-    blocks inside the handler until the test calls ``release()``; ``wait()`` returns once
-    a process has the FIFO open, that is once the handler is running and held.
+    """A gate a test handler waits on. The test handlers (testapp.workers) write their pid
+    to a marker file when they start: ``pid_file`` for ``sleep:`` rows, ``gate_file(name)``
+    for ``hold:<name>`` rows. Made a FIFO whose pipe is full, that write blocks inside the
+    handler until the test calls ``release()``; ``wait()`` returns once a process has the
+    FIFO open, that is once the handler is running and held.
 
     No fixed window: a signal sent between ``wait()`` and ``release()`` surely lands
-    while the handler runs (``sleep:0`` then finishes at once when released)."""
+    while the handler runs (``sleep:0`` then finishes at once when released). Every run
+    that reaches the gate before ``release()`` is held there (a row run again by a
+    replacement child, say); runs after it pass straight through."""
 
-    def __init__(self, worker: str, key) -> None:
-        self.path = running_marker(worker, key)
+    def __init__(self, worker: str | None = None, key=None, *, gate: str | None = None) -> None:
+        from tests.testapp.workers import gate_file
+
+        self.path = running_marker(worker, key) if gate is None else gate_file(gate)
+        self.path.unlink(missing_ok=True)
         os.mkfifo(self.path)
+        st = os.stat(self.path)
+        self._inode = (st.st_dev, st.st_ino)
         # Our own read and write ends: the handler's open() does not wait for a reader,
         # and its write finds the pipe full.
-        self._read = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._read: int | None = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self._write = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
         try:
             while True:
@@ -211,40 +219,48 @@ class held_handler:
             pass
 
     def openers(self) -> list[int]:
-        """Processes other than this one with the FIFO open (the held handler)."""
+        """Processes other than this one with the gate open (the held handlers)."""
         found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
             try:
-                fds = os.listdir(f"/proc/{entry}/fd")
-                if any(os.readlink(f"/proc/{entry}/fd/{fd}") == str(self.path) for fd in fds):
-                    found.append(int(entry))
+                for fd in os.listdir(f"/proc/{entry}/fd"):
+                    st = os.stat(f"/proc/{entry}/fd/{fd}")
+                    if (st.st_dev, st.st_ino) == self._inode:
+                        found.append(int(entry))
+                        break
             except OSError:
                 continue  # exited meanwhile, or not ours to read
         return found
 
-    def wait(self, timeout: float = 60) -> int:
-        """Until the handler is running, held at its marker; returns its pid."""
-        return wait_for(self.openers, timeout=timeout)[0]
+    def wait(self, timeout: float = 60, besides: tuple[int, ...] = ()) -> int:
+        """Until a handler (other than the pids ``besides``) is running, held at the gate;
+        returns its pid."""
+        return wait_for(lambda: [p for p in self.openers() if p not in besides],
+                        timeout=timeout)[0]
 
     def release(self) -> None:
-        """Let the handler go on: empty the pipe until it has closed its end."""
+        """Let the held handlers go on, and later runs pass: a plain file takes the FIFO's
+        name (so no later run can block on it), then the pipe is emptied until every
+        held handler has written its pid and closed it."""
         if self._read is None:
             return
+        open_gate = self.path.with_name(self.path.name + ".open")
+        open_gate.write_text("")
+        os.replace(open_gate, self.path)
         os.close(self._write)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 if os.read(self._read, 65536) == b"" and not self.openers():
-                    break  # every writer closed: the handler wrote its pid and went on
+                    break  # every writer closed: the handlers wrote their pids and went on
             except BlockingIOError:
                 if not self.openers():
                     break
                 time.sleep(0.01)
         os.close(self._read)
         self._read = None
-        self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> held_handler:
         return self

@@ -23,6 +23,8 @@ def effect(name: str, key) -> None:
         eligible=lambda: Document.objects.filter(uploaded=True))
 def handle_document(doc: Document):
     b = doc.behaviour
+    if b.startswith("hold:"):  # a gate of its own, which a test can hold (held_handler)
+        gate_file(b.split(":", 1)[1]).write_text(str(os.getpid()))
     if b.startswith("sleep:"):
         pid_file("docs", doc.pk).write_text(str(os.getpid()))  # "the handler is running"
         time.sleep(float(b.split(":")[1]))
@@ -115,6 +117,14 @@ def pid_file(worker_name: str, key) -> Path:
     folder = markers()
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{worker_name}-{key}.pid"
+
+
+def gate_file(name: str) -> Path:
+    """Where a ``hold:<name>`` handler leaves its pid when it starts; the row's own
+    ``pid_file`` serves ``sleep:`` rows, which is one file for every run of the row."""
+    folder = markers()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"gate-{name}"
 
 
 @worker(name="timed", source=FaultJob, concurrency=2, timeout=3,
