@@ -157,10 +157,14 @@ def test_a_pause_reaches_a_running_coordinator_within_a_poll():
     try:
         first = Document.objects.create()
         wait_for(lambda: execution("docs", first).status == "finished", timeout=30)
+        paused_at = time.monotonic()
         call_command("dbworker_pause", "docs", "--reason", "incident")
-        time.sleep(1.0)  # POLL_SECONDS is 0.05 here; PostgreSQL is told at once
+        wait_for(lambda: "docs" in coordinator.paused, timeout=30, interval=0.01)
+        # POLL_SECONDS is 0.05 here; on PostgreSQL the fallback read would come only
+        # MAX_POLL_SECONDS (10 s) after the last one: far sooner means NOTIFY told it.
+        assert time.monotonic() - paused_at < 5
         held = Document.objects.create()
-        time.sleep(1.0)
+        time.sleep(1.0)  # (a claim would take milliseconds)
         assert execution("docs", held).status == "pending"
         call_command("dbworker_resume", "docs")
         wait_for(lambda: execution("docs", held).status == "finished", timeout=30)
