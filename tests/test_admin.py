@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_dbworker import ExecutionStatus, execution_status, registry
 from django_dbworker.admin import format_age
 from django_dbworker.models import CoordinatorHeartbeat, Execution
+from tests.helpers import mark_failed
 from tests.testapp.models import Document, Tag
 
 HOSTILE = "<script>alert(1)</script>"
@@ -36,16 +37,6 @@ def make_documents(n: int) -> list[Document]:
 
 def docs_executions(documents: list[Document]) -> Any:
     return Execution.objects.filter(worker="docs", source_id__in=[str(d.pk) for d in documents])
-
-
-def fail(executions: Any, message: str = "cannot handle it") -> None:
-    executions.update(
-        status=ExecutionStatus.FAILED, attempts=1, error_type="ValueError",
-        error_message=f"{message}\nsecond line",
-        error_traceback=("Traceback (most recent call last):\n  File \"w.py\", line 3\n"
-                         f"ValueError: {message}"),
-        finished_at=timezone.now(), claimed_by="host:1",
-    )
 
 
 def finish(executions: Any) -> None:
@@ -91,7 +82,7 @@ def viewer_client(client: Client, viewer: Any) -> Client:
 @pytest.fixture
 def failed_doc() -> tuple[Document, Execution]:
     [doc] = make_documents(1)
-    fail(docs_executions([doc]))
+    mark_failed(docs_executions([doc]))
     return doc, docs_executions([doc]).get()
 
 
@@ -162,7 +153,7 @@ def test_source_without_admin_is_plain_text(admin_client: Client) -> None:
 
 def test_filters_and_search(admin_client: Client) -> None:
     documents = make_documents(6)
-    fail(docs_executions(documents[:2]), "disk full")
+    mark_failed(docs_executions(documents[:2]), "disk full")
     finish(docs_executions(documents[2:3]))
 
     def shown(**params: str) -> set[tuple[str, str]]:
@@ -259,7 +250,7 @@ def test_reset_button_enforces_csrf(admin_user: Any, failed_doc: Any) -> None:
 # -- actions -------------------------------------------------------------------------------
 def test_reset_failed_action_counts(admin_client: Client) -> None:
     documents = make_documents(5)
-    fail(docs_executions(documents[:3]))
+    mark_failed(docs_executions(documents[:3]))
     finish(docs_executions(documents[3:]))
     pks = list(docs_executions(documents).values_list("pk", flat=True))
     response = run_action(admin_client, CHANGELIST, "reset_failed", pks)
@@ -269,7 +260,7 @@ def test_reset_failed_action_counts(admin_client: Client) -> None:
 
 def test_reset_failed_across_all_filtered_rows(admin_client: Client) -> None:
     documents = make_documents(4)
-    fail(docs_executions(documents))
+    mark_failed(docs_executions(documents))
     response = admin_client.post(
         CHANGELIST + "?worker=docs&status=failed",
         {"action": "reset_failed", "select_across": "1", "_selected_action": ["0"]}, follow=True)
@@ -280,7 +271,7 @@ def test_reset_failed_across_all_filtered_rows(admin_client: Client) -> None:
 def test_run_again_action(admin_client: Client) -> None:
     documents = make_documents(3)
     finish(docs_executions(documents[:2]))
-    fail(docs_executions(documents[2:]))
+    mark_failed(docs_executions(documents[2:]))
     pks = list(docs_executions(documents).values_list("pk", flat=True))
     response = run_action(admin_client, CHANGELIST, "run_again", pks)
     assert messages_of(response) == [
@@ -318,7 +309,7 @@ def test_staff_without_view_permission_is_refused(client: Client,
 # -- escaping ------------------------------------------------------------------------------
 def test_hostile_text_is_escaped_everywhere(admin_client: Client) -> None:
     [doc] = make_documents(1)
-    fail(docs_executions([doc]), HOSTILE)
+    mark_failed(docs_executions([doc]), HOSTILE)
     execution = docs_executions([doc]).get()
     Tag.objects.create(slug=HOSTILE)
     CoordinatorHeartbeat.objects.create(host=HOSTILE, pid=1, workers=HOSTILE)
@@ -340,7 +331,7 @@ def test_hostile_text_is_escaped_everywhere(admin_client: Client) -> None:
 # -- dashboard -----------------------------------------------------------------------------
 def test_dashboard_figures(admin_client: Client) -> None:
     documents = make_documents(6)
-    fail(docs_executions(documents[:2]))
+    mark_failed(docs_executions(documents[:2]))
     finish(docs_executions(documents[2:5]))
     two_hours_ago = timezone.now() - timedelta(hours=2)
     docs_executions(documents[1:2]).update(finished_at=two_hours_ago)  # an old failure
@@ -393,7 +384,7 @@ def test_dashboard_query_count_is_constant(admin_client: Client) -> None:
 
     empty = count()
     documents = make_documents(50)  # 200 executions
-    fail(docs_executions(documents[:10]))
+    mark_failed(docs_executions(documents[:10]))
     CoordinatorHeartbeat.objects.create(host="h", pid=1, workers="docs")
     assert count() == empty
     # Six (the pauses among them), plus one capped FINISHED count per registered worker:
@@ -411,7 +402,7 @@ def test_format_age() -> None:
 # -- the mixin on the user's own admin -----------------------------------------------------
 def test_mixin_columns_without_a_query_per_row(admin_client: Client) -> None:
     documents = make_documents(4)
-    fail(docs_executions(documents[:1]))
+    mark_failed(docs_executions(documents[:1]))
 
     def render() -> tuple[int, Any]:
         with CaptureQueriesContext(connection) as queries:
@@ -432,7 +423,7 @@ def test_mixin_columns_without_a_query_per_row(admin_client: Client) -> None:
 
 def test_mixin_status_filter(admin_client: Client) -> None:
     documents = make_documents(5)
-    fail(docs_executions(documents[:2]))
+    mark_failed(docs_executions(documents[:2]))
     finish(docs_executions(documents[2:3]))
 
     def shown(**params: str) -> set[int]:
@@ -450,7 +441,7 @@ def test_mixin_status_filter(admin_client: Client) -> None:
 
 def test_mixin_reset_action(admin_client: Client) -> None:
     documents = make_documents(4)
-    fail(docs_executions(documents[:2]))
+    mark_failed(docs_executions(documents[:2]))
     response = run_action(admin_client, DOCUMENTS, "reset_failed_docs", [d.pk for d in documents])
     assert messages_of(response) == [
         "Reset failed docs work: 2 changed, 2 skipped (their docs work had not failed)."]
@@ -461,7 +452,7 @@ def test_mixin_reset_action(admin_client: Client) -> None:
 
 def test_mixin_reset_action_needs_execution_change_permission(viewer_client: Client) -> None:
     documents = make_documents(2)
-    fail(docs_executions(documents))
+    mark_failed(docs_executions(documents))
     page = viewer_client.get(DOCUMENTS)
     assert page.status_code == 200 and page.context["action_form"] is None
     run_action(viewer_client, DOCUMENTS, "reset_failed_docs", [d.pk for d in documents])
@@ -470,9 +461,9 @@ def test_mixin_reset_action_needs_execution_change_permission(viewer_client: Cli
 
 # -- every change a person makes is in the object's history ------------------------------
 @pytest.mark.parametrize("changelist,action,prepare,logged", [
-    (CHANGELIST, "reset_failed", fail, "Reset failed execution."),
+    (CHANGELIST, "reset_failed", mark_failed, "Reset failed execution."),
     (CHANGELIST, "run_again", lambda e: finish(e), "Queued finished execution to run again."),
-    (DOCUMENTS, "reset_failed_docs", fail, None),
+    (DOCUMENTS, "reset_failed_docs", mark_failed, None),
 ])
 def test_admin_actions_leave_a_log_entry_per_changed_execution(
         admin_client: Client, admin_user: Any, changelist: str, action: str, prepare: Any,

@@ -10,6 +10,7 @@ from django_dbworker import (
     state,
 )
 from django_dbworker.models import Execution
+from tests.helpers import mark_failed
 from tests.testapp.models import Document
 
 
@@ -29,7 +30,7 @@ def test_unknown_statuses_and_workers_fail_clearly():
 @pytest.mark.django_db
 def test_has_execution_status_in_filter_exclude_q_and_annotations():
     a, b, c = (Document.objects.create() for _ in range(3))
-    Execution.objects.filter(worker="docs", source_id=str(a.pk)).update(status="failed")
+    mark_failed(Execution.objects.filter(worker="docs", source_id=str(a.pk)))
     Execution.objects.filter(worker="docs", source_id=str(b.pk)).update(status="finished")
     failed = has_execution_status("docs", ExecutionStatus.FAILED)
     assert list(Document.objects.filter(failed)) == [a]
@@ -46,7 +47,7 @@ def test_has_execution_status_in_filter_exclude_q_and_annotations():
 @pytest.mark.django_db
 def test_annotate_execution_status_in_one_query(django_assert_num_queries):
     docs = [Document.objects.create() for _ in range(5)]
-    Execution.objects.filter(worker="docs", source_id=str(docs[0].pk)).update(status="failed")
+    mark_failed(Execution.objects.filter(worker="docs", source_id=str(docs[0].pk)))
     with django_assert_num_queries(1):
         rows = list(annotate_execution_status(Document.objects.order_by("pk"), "docs", "summaries"))
     assert [r.docs_execution_status for r in rows] == ["failed"] + ["pending"] * 4

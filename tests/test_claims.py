@@ -9,7 +9,7 @@ from django.db import connection
 from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
 from django_dbworker.registry import registry
-from tests.helpers import drain, effects
+from tests.helpers import analyze, claim, drain, effects
 from tests.testapp.models import Author, Document, Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,11 +47,7 @@ def test_one_claim_of_many_rows_returns_them_in_the_custom_order():
         Document.objects.create(priority=rng.choice([None, *range(10)]))
     expected = [str(pk) for pk in Document.objects.filter(uploaded=True)
                 .order_by("-priority", "id").values_list("pk", flat=True)]
-    bridge = Bridge()
-    try:
-        claims = bridge.claim(registry["ordered_desc"], 25, "test:order")
-    finally:
-        bridge.close()
+    claims = claim("ordered_desc", 25)
     assert [c.source_id for c in claims] == expected[:25]
 
 
@@ -168,23 +164,18 @@ def test_the_claim_plan_reads_the_claimable_index_not_the_history(worker):
     table = w.source._meta.db_table
     # DBWORKER_EXPLAIN_HISTORY=100000 reproduces the figure in the docs.
     finished = int(os.environ.get("DBWORKER_EXPLAIN_HISTORY", "20000"))
-    with connection.cursor() as cursor:
-        if w.source is Document:
-            Document.objects.bulk_create([Document() for _ in range(finished)], batch_size=5000)
-            Document.objects.bulk_create([Document() for _ in range(20)])
-        else:
-            import uuid
-            w.source.objects.bulk_create([w.source(id=uuid.uuid4()) for _ in range(finished + 20)],
-                                         batch_size=5000)
-        done = list(Execution.objects.filter(worker=worker).order_by("id")
-                    .values_list("id", flat=True)[:finished])
-        for start in range(0, len(done), 10000):
-            Execution.objects.filter(id__in=done[start:start + 10000]).update(status="finished")
-        analyze = {"postgresql": "ANALYZE {}", "mysql": "ANALYZE TABLE {}", "sqlite": "ANALYZE"}[connection.vendor]
-        for t in (Execution._meta.db_table, table):
-            cursor.execute(analyze.format(connection.ops.quote_name(t)))
-            if connection.vendor == "mysql":
-                cursor.fetchall()
+    if w.source is Document:
+        Document.objects.bulk_create([Document() for _ in range(finished)], batch_size=5000)
+        Document.objects.bulk_create([Document() for _ in range(20)])
+    else:
+        import uuid
+        w.source.objects.bulk_create([w.source(id=uuid.uuid4()) for _ in range(finished + 20)],
+                                     batch_size=5000)
+    done = list(Execution.objects.filter(worker=worker).order_by("id")
+                .values_list("id", flat=True)[:finished])
+    for start in range(0, len(done), 10000):
+        Execution.objects.filter(id__in=done[start:start + 10000]).update(status="finished")
+    analyze(Execution, w.source)
     bridge = Bridge()
     try:
         plan = explain(bridge, w)

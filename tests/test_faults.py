@@ -40,7 +40,15 @@ from django_dbworker import (
     worker,
 )
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from tests.helpers import drain, effects, execution, run_with_settings, runworkers, wait_for
+from tests.helpers import (
+    drain,
+    effects,
+    execution,
+    mark_failed,
+    run_with_settings,
+    runworkers,
+    wait_for,
+)
 from tests.processes import (
     is_running,
     worker_children,
@@ -152,8 +160,7 @@ def failed_document():
     """A pending row and a failed one: a wrong call must neither claim nor reset them."""
     Document.objects.create()
     doc = Document.objects.create()
-    Execution.objects.filter(worker="docs", source_id=str(doc.pk)).update(
-        status="failed", error_type="ValueError", error_message="x", attempts=1)
+    mark_failed(Execution.objects.filter(worker="docs", source_id=str(doc.pk)))
     return doc
 
 

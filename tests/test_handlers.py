@@ -3,13 +3,11 @@
 import uuid
 
 import pytest
-from django.db import connection
 
 from django_dbworker import ExecutionStatus, execution_status, reset_failed, state
-from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
 from django_dbworker.registry import registry
-from tests.helpers import drain, effects
+from tests.helpers import claim, drain, effects, insert_raw
 from tests.testapp.models import Document, Effect, Tag, UuidItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -18,10 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_rows_from_orm_bulk_create_and_raw_sql_run_exactly_once():
     Document.objects.create(title="orm")
     Document.objects.bulk_create([Document(title=f"bulk{i}") for i in range(30)])
-    table = connection.ops.quote_name(Document._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} (title, behaviour, uploaded, steps, text) "
-                       "VALUES ('raw', 'ok', %s, 0, '')", [True])
+    insert_raw(Document, title="raw", behaviour="ok", uploaded=True, steps=0, text="")
     stats = drain("docs")
     ids = {str(pk) for pk in Document.objects.values_list("pk", flat=True)}
     assert effects("docs") == {i: 1 for i in ids}
@@ -99,17 +94,12 @@ def test_wrong_return_type_fails_and_rolls_back():
 
 def test_a_source_deleted_while_claimed_fails_with_the_reason():
     doc = Document.objects.create()
-    bridge = Bridge()
-    try:
-        [claim] = bridge.claim(registry["docs"], 1, "test:1")
-        Document.objects.filter(pk=doc.pk).delete()
-        # The claimer vanished: its lease runs out, another coordinator takes the row.
-        Execution.objects.filter(pk=claim.execution_id).update(
-            lease_expires_at="2000-01-01T00:00:00Z")
-    finally:
-        bridge.close()
+    [held] = claim("docs")
+    Document.objects.filter(pk=doc.pk).delete()
+    # The claimer vanished: its lease runs out, another coordinator takes the row.
+    Execution.objects.filter(pk=held.execution_id).update(lease_expires_at="2000-01-01T00:00:00Z")
     drain("docs")
-    execution = Execution.objects.get(pk=claim.execution_id)
+    execution = Execution.objects.get(pk=held.execution_id)
     assert execution.status == ExecutionStatus.FAILED
     assert "DoesNotExist" in execution.error_type
 
@@ -196,11 +186,7 @@ def _claim_and_run_group(worker_name, n, tamper=None, *, monkeypatch):
     from django_dbworker.child import SLOT_SIZE, run_group
 
     monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
-    bridge = Bridge()
-    try:
-        claims = bridge.claim(registry[worker_name], n, "test:group")
-    finally:
-        bridge.close()
+    claims = claim(worker_name, n, "test:group")
     if tamper:
         tamper(claims)
     pending = deque(c.delivery(c.execution_id) for c in claims)  # seq: the execution id
@@ -244,11 +230,7 @@ def test_a_child_hands_back_rows_it_has_not_started(why):
     from django_dbworker.child import SLOT_REVOKE, SLOT_SIZE, run_group
 
     [Document.objects.create() for _ in range(3)]
-    bridge = Bridge()
-    try:
-        claims = bridge.claim(registry["docs"], 3, "test:stop")
-    finally:
-        bridge.close()
+    claims = claim("docs", 3, "test:stop")
     pending = deque(c.delivery(i) for i, c in enumerate(claims, 1))
     slot, stop = RawArray("d", SLOT_SIZE), RawValue("b", why == "stopping")
     slot[SLOT_REVOKE] = why == "revoked"

@@ -17,7 +17,7 @@ from django_dbworker.installation import (
 from django_dbworker.models import Execution
 from django_dbworker.registry import Worker, registry
 from django_dbworker.vendors import for_connection
-from tests.helpers import execution
+from tests.helpers import execution, insert_raw
 from tests.testapp.models import Document, Tag, UuidItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,10 +44,7 @@ def test_bulk_create_creates_pending_executions():
 
 
 def test_raw_sql_insert_becomes_work():
-    table = connection.ops.quote_name(Document._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} (title, behaviour, uploaded, steps, text) "
-                       "VALUES ('raw', 'ok', %s, 0, '')", [True])
+    insert_raw(Document, title="raw", behaviour="ok", uploaded=True, steps=0, text="")
     doc = Document.objects.get(title="raw")
     assert execution_status("docs", doc) == ExecutionStatus.PENDING
 

@@ -12,6 +12,7 @@ from django_dbworker.installation import Report, install
 from django_dbworker.models import Execution, InstalledTrigger
 from django_dbworker.registry import registry
 from django_dbworker.vendors import for_connection
+from tests.helpers import mark_failed
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,7 +76,7 @@ def test_migrate_reports_and_cleanup_deletes_a_removed_workers_executions():
 
 def test_the_mixins_status_column_sorts_by_status(admin_client):
     docs = [Document.objects.create(title=t) for t in ("a", "b", "c")]
-    Execution.objects.filter(worker="docs", source_id=str(docs[1].pk)).update(status="failed")
+    mark_failed(Execution.objects.filter(worker="docs", source_id=str(docs[1].pk)))
     Execution.objects.filter(worker="docs", source_id=str(docs[2].pk)).update(status="finished")
     url = reverse("admin:testapp_document_changelist")
     page = admin_client.get(url)

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dbworker import ExecutionStatus, annotate_execution_status
 from django_dbworker.models import Execution
+from tests.helpers import mark_failed
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +39,7 @@ def test_badge_without_a_record() -> None:
 
 def test_as_assigns_the_status() -> None:
     doc = Document.objects.create()
-    Execution.objects.filter(worker="docs", source_id=str(doc.pk)).update(status="failed")
+    mark_failed(Execution.objects.filter(worker="docs", source_id=str(doc.pk)))
     out = render('{% dbworker_status doc "docs" as s %}[{{ s }}]{% if s == "failed" %} '
                  'broken{% endif %}', doc=doc)
     assert out == "[failed] broken"
