@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -201,6 +202,7 @@ class held_handler:
         self.path = running_marker(worker, key) if gate is None else gate_file(gate)
         self.path.unlink(missing_ok=True)
         os.mkfifo(self.path)
+        self._releasing = threading.Lock()  # release() may come from a timer thread too
         st = os.stat(self.path)
         self._inode = (st.st_dev, st.st_ino)
         # Our own read and write ends: the handler's open() does not wait for a reader,
@@ -244,6 +246,10 @@ class held_handler:
         """Let the held handlers go on, and later runs pass: a plain file takes the FIFO's
         name (so no later run can block on it), then the pipe is emptied until every
         held handler has written its pid and closed it."""
+        with self._releasing:
+            self._release()
+
+    def _release(self) -> None:
         if self._read is None:
             return
         open_gate = self.path.with_name(self.path.name + ".open")

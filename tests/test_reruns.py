@@ -3,6 +3,7 @@ rerun_every (a finished row is due again), on every database through real trigge
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -15,7 +16,16 @@ from django_dbworker import Coordinator
 from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
 from django_dbworker.registry import registry
-from tests.helpers import analyze, claim, drain, effects, execution, insert_raw, running_marker, wait_for
+from tests.helpers import (
+    analyze,
+    claim,
+    drain,
+    effects,
+    execution,
+    held_handler,
+    insert_raw,
+    wait_for,
+)
 from tests.testapp.models import Article, Link
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,19 +84,26 @@ def test_a_failed_row_whose_data_changed_runs_again():
 
 
 def test_a_change_while_it_runs_makes_it_run_once_more_after_its_commit():
-    article = Article.objects.create(title="old", behaviour="sleep:2")
-    started = running_marker("rerun_on_change", article.pk)
+    article = Article.objects.create(title="old", behaviour="sleep:0")
     coordinator = Coordinator(["rerun_on_change"])
-    coordinator.start()
+    with held_handler("rerun_on_change", article.pk) as held:
+        coordinator.start()
+        try:
+            held.wait()  # the handler runs, with the old title, and waits for us
+            if connection.vendor == "sqlite":
+                # One writer: the UPDATE waits for the handler's commit (let go in a
+                # moment), then makes the row pending.
+                threading.Timer(0.5, held.release).start()
+            Article.objects.filter(pk=article.pk).update(title="new", behaviour="ok")
+            e = execution("rerun_on_change", article)
+            if connection.vendor == "sqlite":
+                assert e.status in ("pending", "working", "finished")
+            else:
+                assert (e.status, e.rerun_requested) == ("working", True)
+        except BaseException:
+            coordinator.stop(timeout=0)
+            raise
     try:
-        wait_for(started.exists, timeout=60)  # the handler runs, with the old title
-        Article.objects.filter(pk=article.pk).update(title="new", behaviour="ok")
-        e = execution("rerun_on_change", article)
-        if connection.vendor == "sqlite":
-            # One writer: the UPDATE waited for the handler's commit, then made it pending.
-            assert e.status in ("pending", "working", "finished")
-        else:
-            assert (e.status, e.rerun_requested) == ("working", True)
         wait_for(lambda: effects("rerun_on_change").get(f"{article.pk}:new") == 1, timeout=60)
         wait_for(lambda: execution("rerun_on_change", article).status == "finished", timeout=30)
     finally:
