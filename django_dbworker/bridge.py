@@ -57,6 +57,10 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
+# The coordinator's threads share this pool (system check E014 keeps it large enough).
+POOL_DEFAULTS = {"pool_size": 2, "max_overflow": 4}
+
+
 def engine_for(alias: str, lease_seconds: float | None = None, **options: Any) -> Engine:
     """A SQLAlchemy engine on the same server and credentials as DATABASES[alias]."""
     connection = connections[alias]
@@ -64,7 +68,7 @@ def engine_for(alias: str, lease_seconds: float | None = None, **options: Any) -
     sd = connection.settings_dict
     given = {k: v for k, v in (sd.get("OPTIONS") or {}).items() if k not in DJANGO_ONLY_OPTIONS}
     kwargs: dict[str, Any] = {
-        "pool_size": 2, "max_overflow": 4,
+        **POOL_DEFAULTS,
         # No pre-ping: it would add a round trip to every claim. A connection that broke
         # fails its statement instead; SQLAlchemy then discards the pool's connections
         # and the coordinator's outage handling takes over.

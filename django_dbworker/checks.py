@@ -54,6 +54,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         errors.append(Error("DBWORKER['ENGINE_OPTIONS'] must be a dict of SQLAlchemy "
                             "create_engine() options.", hint='e.g. {"pool_size": 5}',
                             id=ID.format("E007")))
+    else:
+        errors.extend(_check_pool(cfg["ENGINE_OPTIONS"]))
     if alias in settings.DATABASES:
         errors.extend(_check_database(alias, settings.DATABASES[alias]))
     try:
@@ -78,6 +80,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                             "on the database clock.", hint="Set USE_TZ = True in settings.",
                             id=ID.format("E010")))
     return errors
+
+
+# A coordinator keeps one connection for LISTEN or the change probe, its loop uses another
+# and the readiness probe (/readyz) a third: with fewer, one of them waits for the pool's
+# timeout (30 s) and then fails.
+CONNECTIONS_NEEDED = 3
+
+
+def _check_pool(options: dict[str, Any]) -> list[Error]:
+    from .bridge import POOL_DEFAULTS
+
+    if "poolclass" in options:
+        return []  # NullPool and friends: no fixed size
+    size, overflow = (options.get(k, POOL_DEFAULTS[k]) for k in ("pool_size", "max_overflow"))
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (size, overflow)):
+        return []  # SQLAlchemy reports a wrong type itself
+    if overflow < 0 or size + overflow >= CONNECTIONS_NEEDED:
+        return []  # (a negative max_overflow: no limit)
+    return [Error(f"DBWORKER['ENGINE_OPTIONS'] lets the coordinator's pool open "
+                  f"{size + overflow} connection(s) (pool_size + max_overflow); it needs "
+                  f"{CONNECTIONS_NEEDED} at once.",
+                  hint=f"Make pool_size + max_overflow at least {CONNECTIONS_NEEDED}, or leave "
+                  f"them out (default {POOL_DEFAULTS['pool_size']} + "
+                  f"{POOL_DEFAULTS['max_overflow']}).", id=ID.format("E014"))]
 
 
 def _check_database(alias: str, db: dict[str, Any]) -> list[Error]:

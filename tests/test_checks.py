@@ -22,6 +22,10 @@ def test_defaults_pass():
     ({"POLL_SECONDS": 5, "MAX_POLL_SECONDS": 1}, ["django_dbworker.E005"]),
     ({"WORKER_MODULES": "app.workers"}, ["django_dbworker.E006"]),
     ({"ENGINE_OPTIONS": []}, ["django_dbworker.E007"]),
+    # Too small a pool: the coordinator would wait on it (for 30 s) and fail.
+    ({"ENGINE_OPTIONS": {"pool_size": 1, "max_overflow": 0}}, ["django_dbworker.E014"]),
+    ({"ENGINE_OPTIONS": {"pool_size": 2, "max_overflow": 0}}, ["django_dbworker.E014"]),
+    ({"ENGINE_OPTIONS": {"max_overflow": 0}}, ["django_dbworker.E014"]),  # (pool_size 2)
     ({"PROBE_SECONDS": 0}, ["django_dbworker.E004"]),
     # A failpoint without its marker would make every child die after each commit.
     ({"FAILPOINT": "child.after_commit"}, ["django_dbworker.E011"]),
@@ -35,6 +39,15 @@ def test_defaults_pass():
 ])
 def test_invalid_settings_have_ids_and_hints(value, expected):
     assert ids(DBWORKER=value) == expected
+
+
+@pytest.mark.parametrize("options", [
+    {"pool_size": 3, "max_overflow": 0}, {"pool_size": 1, "max_overflow": 2},
+    {"pool_size": 1, "max_overflow": -1}, {"pool_size": 3}, {"pool_size": 1},
+    {"poolclass": "sqlalchemy.pool.NullPool"},
+])
+def test_a_pool_with_room_for_the_coordinator_passes(options):
+    assert ids(DBWORKER={"ENGINE_OPTIONS": options}) == []
 
 
 def test_a_well_formed_failpoint_identity_and_listen_alias_pass():
