@@ -90,17 +90,20 @@ def test_with_a_direct_listen_connection_notify_wakes_a_coordinator_behind_pgbou
         '"POLL_SECONDS": 20, "MAX_POLL_SECONDS": 20, "PROBE_SECONDS": 20'))
     proc = runworkers("--worker", "docs", env=env)
     wait_for(lambda: CoordinatorHeartbeat.objects.filter(pid=proc.pid).exists(), timeout=60)
-    time.sleep(3)  # past the start-up check (a NOTIFY round trip) and the first claims
     name = connection.settings_dict["NAME"]
+
+    def listening() -> set[int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s "
+                           "AND query LIKE 'LISTEN %%'", [name])
+            return {pid for (pid,) in cursor.fetchall()}
+
+    listeners = wait_for(listening, timeout=60)  # (it LISTENs once it has started)
     # Claims and handlers are PgBouncer's clients; LISTEN is on a server connection of
     # its own, not one of PgBouncer's.
     assert [c for c in admin("SHOW CLIENTS") if c["database"] == name]
     pooled = {s["remote_pid"] for s in admin("SHOW SERVERS")}
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%'",
-                       [name])
-        listening = {pid for (pid,) in cursor.fetchall()}
-    assert listening and not listening & pooled, (listening, pooled)
+    assert not listeners & pooled, (listeners, pooled)
 
     pickups = []
     docs = []
