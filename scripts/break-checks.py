@@ -112,6 +112,56 @@ BREAKS = [
           "    if slot[SLOT_REVOKE]:\n        slot[SLOT_REVOKE] = 0\n",
           ("tests/test_crash.py::test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_"
            "not_started",)),
+    Break("graceful-stop", "the first SIGTERM kills running handlers",
+          "django_dbworker/coordinator.py",
+          "        if self._stopping:\n            force = True\n", "        force = True\n",
+          ("tests/test_runworkers.py::test_sigterm_finishes_running_handlers_then_exits_zero",
+           "tests/test_crash.py::test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_"
+           "not_started")),
+    Break("children-ignore-sigint", "Ctrl-C in a terminal reaches the handlers",
+          "django_dbworker/child.py",
+          "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n", "",
+          ("tests/test_runworkers.py::test_children_ignore_ctrl_c_sent_to_the_process_group",)),
+    Break("dead-pid-release", "a dead coordinator of this host keeps its claims until they "
+          "expire", "django_dbworker/bridge.py",
+          "dead = [r for r in others if not alive(r.pid)]", "dead = []",
+          ("tests/test_crash.py::test_claims_of_a_coordinator_that_died_on_this_machine_are_"
+           "released_at_once",
+           "tests/test_crash_points.py::test_a_crash_at_any_point_loses_nothing_and_commits_"
+           "nothing_twice[coordinator.after_claim]")),
+    Break("nulls-order", "claims ignore nulls_first/nulls_last", "django_dbworker/bridge.py",
+          "            if t.nulls_first or t.nulls_last:\n", "            if False:\n",
+          ("tests/test_guarantees.py::test_eligible_with_q_and_nulls_ordering_orders_a_real_"
+           "claim",)),
+    Break("reset-clears", "reset_failed keeps the old error", "django_dbworker/models.py",
+          '"error_type": None, "error_message": None, "error_traceback": None,\n', "\n",
+          ("tests/test_api.py::test_reset_failed_only_touches_failed_rows",), ("sqlite",)),
+    Break("badge-escape", "the status badge does not escape an unknown status",
+          "django_dbworker/templatetags/dbworker.py",
+          "        return format_html('<span class=\"dbworker-status dbworker-status--unknown\" '\n"
+          "                           'title=\"{}\">Unknown ({})</span>', status, status)\n",
+          "        return SafeString('<span class=\"dbworker-status dbworker-status--unknown\" '\n"
+          "                          f'title=\"{status}\">Unknown ({status})</span>')\n",
+          ("tests/test_templatetags.py::test_a_hostile_status_value_is_escaped_by_the_tag_itself",),
+          ("sqlite",)),
+    Break("admin-permission", "a viewer may run the run-again action", "django_dbworker/admin.py",
+          '@admin.action(description="Run finished executions again", permissions=["change"])',
+          '@admin.action(description="Run finished executions again")',
+          ("tests/test_admin.py::test_viewer_sees_pages_but_changes_nothing",), ("sqlite",)),
+    Break("trigger-preflight", "a coordinator starts without its workers' triggers",
+          "django_dbworker/preflight.py",
+          "    missing = missing_triggers(database, workers)\n", "    missing: list[str] = []\n",
+          ("tests/test_guarantees.py::test_missing_triggers_from_the_command_line_are_one_line_"
+           "and_a_non_zero_exit",)),
+    Break("database-setting", "DBWORKER['DATABASE'] is ignored", "django_dbworker/options.py",
+          'database=overrides.get("database") or conf.value("DATABASE"),',
+          'database=overrides.get("database") or "default",',
+          ("tests/test_guarantees.py::test_the_database_setting_chooses_the_coordination_"
+           "database",)),
+    Break("worker-modules", "DBWORKER['WORKER_MODULES'] is ignored",
+          "django_dbworker/discovery.py",
+          "    if modules is None:\n        autodiscover_modules", "    if True:\n        autodiscover_modules",
+          ("tests/test_guarantees.py::test_worker_modules_replaces_autodiscovery",), ("sqlite",)),
     Break("claimable-index-hint", "MariaDB claims may walk Execution's primary key",
           "django_dbworker/vendors/mysql.py",
           'return f"FORCE INDEX ({index})"', "return None",
@@ -165,7 +215,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.list:
         for brk in BREAKS:
-            print(f"{brk.name:<22}{brk.what} ({', '.join(brk.databases)})")
+            print(f"{brk.name:<24}{brk.what} ({', '.join(brk.databases)})")
         return 0
     unknown = set(args.names) - {b.name for b in BREAKS}
     if unknown:
@@ -187,7 +237,7 @@ def main() -> int:
                 rc, failed, took = run(tree, brk, database)
                 bites = rc == 1 and bool(failed)  # tests failed (not: no tests, bad usage)
                 results.append((brk, database, bites, rc, failed))
-                print(f"{'bites ' if bites else 'MISSED'} {brk.name:<22}{database:<10}"
+                print(f"{'bites ' if bites else 'MISSED'} {brk.name:<24}{database:<10}"
                       f"{took:6.0f}s  {', '.join(f.split('::')[-1] for f in failed) or f'exit {rc}'}",
                       flush=True)
     missed = [r for r in results if not r[2]]
