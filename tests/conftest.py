@@ -25,3 +25,18 @@ def _no_leftover_marker_files(django_db_setup):
     from tests.testapp.workers import markers
 
     shutil.rmtree(markers(), ignore_errors=True)
+
+
+def pytest_unconfigure(config):
+    """SQLite leaves the test database's -wal and -shm files when a process that had it
+    open was killed (the crash tests kill them): gone with the database itself."""
+    from django.conf import settings
+
+    if not settings.configured or settings.DB != "sqlite":
+        return
+    from pathlib import Path
+
+    name = Path(settings.DATABASES["default"]["TEST"]["NAME"])
+    if not name.exists():
+        for suffix in ("-wal", "-shm"):
+            Path(f"{name}{suffix}").unlink(missing_ok=True)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -233,7 +231,7 @@ def test_the_database_setting_chooses_the_coordination_database(tmp_path):
     assert code == 1 and "database 'work'" in err.lower(), err
 
 
-def test_worker_modules_replaces_autodiscovery():
+def test_worker_modules_replaces_autodiscovery(tmp_path):
     """DBWORKER["WORKER_MODULES"] lists the modules to import, instead of every app's
     workers.py (in a fresh interpreter: test modules import tests.testapp.workers)."""
     import json
@@ -250,8 +248,7 @@ def test_worker_modules_replaces_autodiscovery():
         "                  'workers': sorted(registry)}))\n"
     )
     env = {**subprocess_env(), **settings_module(
-        Path(tempfile.mkdtemp(prefix="dbworker-settings-")),
-        'DBWORKER = {**DBWORKER, "WORKER_MODULES": ["tests.testapp.listed_workers"]}\n')}
+        tmp_path, 'DBWORKER = {**DBWORKER, "WORKER_MODULES": ["tests.testapp.listed_workers"]}\n')}
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
