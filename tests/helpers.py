@@ -8,7 +8,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -286,6 +287,24 @@ def analyze(*models) -> None:
             cursor.execute(sql.format(connection.ops.quote_name(model._meta.db_table)))
             if connection.vendor == "mysql":
                 cursor.fetchall()
+
+
+@contextmanager
+def without_trigger(name: str, model) -> Iterator[None]:
+    """The test database without one of the triggers `migrate` installed (``name``, on
+    ``model``'s table) while the block runs; every trigger is installed again after."""
+    from django.db import connection
+
+    from django_dbworker.installation import install
+    from django_dbworker.vendors import for_connection
+
+    with connection.cursor() as cursor:
+        for sql in for_connection(connection).drop_trigger_sql(name, model._meta.db_table):
+            cursor.execute(sql)
+    try:
+        yield
+    finally:
+        install("default")
 
 
 def skip_or_fail(what: str, reason: str) -> None:

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -74,6 +75,23 @@ def test_a_handler_longer_than_the_lease_keeps_its_row():
     assert effects("docs") == {str(doc.pk): 1}
 
 
+@contextmanager
+def rows_behind_a_held_handler(coordinator: Coordinator, gate: str, behind: int):
+    """Rows sent ahead to a child, waiting behind a handler the test holds. The
+    coordinator's one child first earns rows ahead of need with quick rows; then one
+    claim takes a row whose handler is held at ``gate`` and ``behind`` quick rows. Yields
+    (the warm-up rows, the held row, the rows behind it) while they wait in the child."""
+    warm = Document.objects.bulk_create([Document() for _ in range(40)])
+    wait_for(lambda: effects("docs").total() == len(warm), timeout=60)
+    with held_handler(gate=gate) as held:
+        slow, *waiting = Document.objects.bulk_create(
+            [Document(behaviour=f"hold:{gate}"), *[Document() for _ in range(behind)]])
+        held.wait()
+        [child] = coordinator.pools[0].children
+        wait_for(lambda: len(child.outstanding) > 1, timeout=30)  # rows were sent ahead
+        yield warm, slow, waiting
+
+
 def test_rows_waiting_behind_a_handler_longer_than_the_lease_keep_their_claims(monkeypatch):
     """A handler runs past the lease with rows sent ahead waiting behind it in its child.
     On SQLite its transaction holds the one write lock, so nothing can be renewed until it
@@ -85,14 +103,7 @@ def test_rows_waiting_behind_a_handler_longer_than_the_lease_keep_their_claims(m
     coordinator = Coordinator(["docs"], concurrency=1)
     coordinator.start()
     try:
-        warm = Document.objects.bulk_create([Document() for _ in range(40)])
-        wait_for(lambda: effects("docs").total() == len(warm), timeout=60)
-        with held_handler(gate="long") as held:
-            slow, *waiting = Document.objects.bulk_create(
-                [Document(behaviour="hold:long"), *[Document() for _ in range(5)]])
-            held.wait()
-            child = coordinator.pools[0].children[0]
-            wait_for(lambda: len(child.outstanding) > 1, timeout=30)  # rows were sent ahead
+        with rows_behind_a_held_handler(coordinator, "long", 5) as (warm, slow, waiting):
             claimed = execution("docs", waiting[0])
             while timezone.now() < claimed.lease_expires_at + timedelta(seconds=2):
                 time.sleep(0.1)  # past the lease the claims were made with
@@ -414,14 +425,7 @@ def test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_not_started(mon
     coordinator.start()
     stopping = threading.Thread(target=coordinator.stop, daemon=True)
     try:
-        warm = Document.objects.bulk_create([Document() for _ in range(40)])
-        wait_for(lambda: effects("docs").total() == len(warm), timeout=60)
-        with held_handler(gate="slow") as held:
-            slow, *waiting = Document.objects.bulk_create(
-                [Document(behaviour="hold:slow"), *[Document() for _ in range(10)]])
-            held.wait()
-            child = coordinator.pools[0].children[0]
-            wait_for(lambda: len(child.outstanding) > 1, timeout=30)  # rows were sent ahead
+        with rows_behind_a_held_handler(coordinator, "slow", 10) as (warm, slow, waiting):
             stopping.start()  # a graceful stop, while the handler runs
             wait_for(lambda: coordinator.stopping, timeout=30)
         # Released: the handler finishes; the rows behind it never start.

@@ -17,8 +17,15 @@ from django_dbworker.bridge import Bridge
 from django_dbworker.installation import install
 from django_dbworker.models import Execution
 from django_dbworker.registry import Worker, registry
-from django_dbworker.vendors import for_connection
-from tests.helpers import claim, effects, execution, run_with_settings, runworkers, wait_for
+from tests.helpers import (
+    claim,
+    effects,
+    execution,
+    run_with_settings,
+    runworkers,
+    wait_for,
+    without_trigger,
+)
 from tests.testapp.models import Author, Document, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,15 +73,9 @@ def test_runworkers_runs_every_worker_by_default_and_worker_can_be_repeated():
 
 
 def test_missing_triggers_from_the_command_line_are_one_line_and_a_non_zero_exit():
-    vendor = for_connection(connection)
-    with connection.cursor() as cursor:
-        for sql in vendor.drop_trigger_sql("dbworker_tags_ins", Tag._meta.db_table):
-            cursor.execute(sql)
-    try:
+    with without_trigger("dbworker_tags_ins", Tag):
         proc = runworkers("--drain", "--worker", "tags")
         out, err = proc.communicate(timeout=120)
-    finally:
-        install("default")
     assert proc.returncode == 1, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Triggers missing for worker(s) tags" in lines[0], err

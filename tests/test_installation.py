@@ -17,7 +17,7 @@ from django_dbworker.installation import (
 from django_dbworker.models import Execution
 from django_dbworker.registry import Worker, registry
 from django_dbworker.vendors import for_connection
-from tests.helpers import execution, insert_raw
+from tests.helpers import execution, insert_raw, without_trigger
 from tests.testapp.models import Document, Tag, UuidItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,15 +163,9 @@ def test_migrate_never_touches_triggers_it_did_not_create():
 
 
 def test_coordinator_refuses_to_start_without_triggers():
-    vendor = for_connection(connection)
-    with connection.cursor() as cursor:
-        for sql in vendor.drop_trigger_sql("dbworker_tags_ins", Tag._meta.db_table):
-            cursor.execute(sql)
-    try:
-        with pytest.raises(ImproperlyConfigured, match="manage.py migrate"):
-            Coordinator(["tags"]).drain()
-    finally:
-        install("default")
+    with without_trigger("dbworker_tags_ins", Tag), \
+            pytest.raises(ImproperlyConfigured, match="manage.py migrate"):
+        Coordinator(["tags"]).drain()
 
 
 def test_a_handler_defined_in_main_is_refused_with_the_fix():
