@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from django_dbworker import Coordinator
 from django_dbworker.models import CoordinatorHeartbeat, Execution
+from tests.freeze import freeze_between_transactions
 from tests.helpers import (
     drain,
     effects,
@@ -202,7 +203,7 @@ def claim_taken_over_after_its_lease_discards_the_stale_childs_writes():
             held.wait()  # the handler is running, held until the takeover is over
             first = execution("docs", doc)
             assert first.claimed_by.endswith(f":{stale.pid}") and first.attempts == 1
-            os.kill(stale.pid, signal.SIGSTOP)  # the coordinator freezes: no lease renewal
+            freeze_between_transactions(stale.pid)  # the coordinator freezes: no renewals
             # After the lease (3 s), another coordinator takes over; its run reads the
             # row afresh and does not stop at the gate.
             Document.objects.filter(pk=doc.pk).update(behaviour="ok")
@@ -238,7 +239,7 @@ def test_a_stale_childs_commit_is_refused_while_the_new_holder_still_runs(tmp_pa
     new = None
     try:
         wait_for(stale_stopped.exists, timeout=60)  # the stale child has the row, stopped
-        os.kill(stale.pid, signal.SIGSTOP)  # its coordinator too: no renewals
+        freeze_between_transactions(stale.pid)  # its coordinator too: no renewals
         new = runworkers("--worker", "docs",
                          env={"DBWORKER_FAILPOINT": f"child.before_begin:{new_stopped}:stop"})
         new_output = Output(new)
@@ -275,7 +276,7 @@ def test_a_stale_child_that_wakes_after_the_takeover_has_its_writes_discarded(tm
                        env={"DBWORKER_FAILPOINT": f"child.before_begin:{marker}:stop"})
     try:
         wait_for(marker.exists, timeout=60)  # the child has the row, and is stopped
-        os.kill(stale.pid, signal.SIGSTOP)  # its coordinator too: no renewals
+        freeze_between_transactions(stale.pid)  # its coordinator too: no renewals
         stats = Counter()
         wait_for(lambda: stats.update(drain("docs")) or stats["finished"], timeout=60,
                  interval=0.5)  # after the lease (3 s): recovered, claimed, finished
@@ -301,7 +302,7 @@ def sqlite_running_handler_cannot_be_taken_over():
         first = runworkers("--worker", "docs")
         try:
             held.wait()  # the handler is running, and holds the write lock
-            freeze_outside_a_write(first.pid)  # no renewals: the lease (3 s) runs out
+            freeze_between_transactions(first.pid)  # no renewals: the lease (3 s) runs out
             lease = execution("docs", doc).lease_expires_at  # (readers do not wait)
 
             def release_after_the_lease():
@@ -386,33 +387,6 @@ def test_rows_sent_ahead_to_a_child_are_given_back_when_its_handler_is_stuck(cap
     assert effects("docs") == {str(d.pk): 1 for d in [*warm, slow, *quick]}
     # Given back before they started: the attempt is not counted.
     assert {execution("docs", d).attempts for d in [slow, *quick]} == {1}
-
-
-def freeze_outside_a_write(pid):
-    """SIGSTOP a process, but not while it holds SQLite's write lock: a process frozen
-    inside a write blocks every other writer until it continues (SQLite's design, see
-    docs/troubleshooting.md), which is not the case under test."""
-    shm = os.stat(connection.settings_dict["NAME"] + "-shm").st_ino
-    for _ in range(100):
-        os.kill(pid, signal.SIGSTOP)
-        wait_for(lambda: open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "T",
-                 timeout=10, interval=0.001)
-        if not holds_write_lock(pid, shm):
-            return
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.02)
-    raise AssertionError("the coordinator held SQLite's write lock at every attempt")
-
-
-def holds_write_lock(pid, inode):
-    """Whether ``pid`` holds a POSIX write lock on the file with ``inode`` (/proc/locks)."""
-    with open("/proc/locks") as locks:
-        for line in locks:
-            fields = line.split()
-            if (len(fields) >= 6 and fields[3] == "WRITE" and fields[4] == str(pid)
-                    and fields[5].rsplit(":", 1)[-1] == str(inode)):
-                return True
-    return False
 
 
 def test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_not_started(monkeypatch):
