@@ -19,12 +19,13 @@ from pathlib import Path
 from django.db import connection
 
 from tests.helpers import wait_for
+from tests.processes import process_state
 
 
 def freeze_between_transactions(pid: int, attempts: int = 200) -> None:
     for _ in range(attempts):
         os.kill(pid, signal.SIGSTOP)
-        wait_for(lambda: _state(pid) == "T", timeout=10, interval=0.001)
+        wait_for(lambda: process_state(pid) == "T", timeout=10, interval=0.001)
         if not in_a_transaction(pid):
             return
         os.kill(pid, signal.SIGCONT)
@@ -42,19 +43,15 @@ def in_a_transaction(pid: int) -> bool:
         return False
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("SELECT count(*) FROM pg_stat_activity "
-                           "WHERE client_port = ANY(%s) AND state <> 'idle'", [list(ports)])
-        else:  # MariaDB: a transaction that has begun, on one of its connections
+            cursor.execute("SELECT client_port FROM pg_stat_activity WHERE state <> 'idle'")
+            busy = {port for (port,) in cursor.fetchall()}
+        else:  # MariaDB: a transaction that has begun, and the host:port of its client
             cursor.execute(
                 "SELECT p.host FROM information_schema.innodb_trx t "
                 "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id")
-            return any(host.rpartition(":")[2] in {str(p) for p in ports}
-                       for (host,) in cursor.fetchall())
-        return cursor.fetchone()[0] > 0
-
-
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+            clients = (host.rpartition(":")[2] for (host,) in cursor.fetchall())
+            busy = {int(port) for port in clients if port.isdigit()}
+    return bool(busy & ports)
 
 
 def _holds_sqlite_write_lock(pid: int) -> bool:

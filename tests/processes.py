@@ -69,13 +69,19 @@ def worker_children(parent: int) -> list[int]:
     return pids
 
 
-def is_running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
+def process_state(pid: int) -> str | None:
+    """``pid``'s state letter from /proc (R, S, T for stopped, Z for zombie...), or None
+    once it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def is_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    return process_state(pid) not in (None, "Z")
 
 
 def postgresql_restart_command(server_url: str) -> list[str]:
