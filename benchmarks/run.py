@@ -68,6 +68,9 @@ def main() -> int:
                         help="comma-separated subset of postgres,mysql,sqlite")
     parser.add_argument("--only", default="drain,pickup,history,scale,memory",
                         help="comma-separated subset of drain,pickup,history,scale,memory")
+    parser.add_argument("--systems", default="", metavar="WORDS",
+                        help="comma-separated words: run only the drain and pickup systems "
+                             "whose label contains one of them (e.g. 'tasks backend,no queue')")
     parser.add_argument("--procrastinate", default="2x1", metavar="WORKERSxCONCURRENCY",
                         help="Procrastinate worker processes x --concurrency of each "
                              "(default 2x1: see docs/benchmarks.md)")
@@ -122,11 +125,11 @@ def main() -> int:
     for r in range(cfg.repeats):
         if "drain" in only:
             for db in dbs:
-                for system in drain_systems(db, cfg):
+                for system in chosen(drain_systems(db, cfg), cfg.systems):
                     run_system(system, "drain", raw, step, r)
         if "pickup" in only:
             for db in dbs:
-                for system in pickup_systems(db, cfg):
+                for system in chosen(pickup_systems(db, cfg), cfg.systems):
                     run_system(system, "pickup", raw, step, r)
         if "history" in only:
             for db in dbs if not quick else [d for d in dbs if d == "postgres"] or dbs[:1]:
@@ -151,7 +154,8 @@ def main() -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     # Only a complete full run is named by its date alone (report.py shows the newest
     # of those); a run never replaces an earlier one's file.
-    partial = only != {"drain", "pickup", "history", "scale", "memory"} or len(dbs) < len(ALL_DBS)
+    partial = (only != {"drain", "pickup", "history", "scale", "memory"}
+               or len(dbs) < len(ALL_DBS) or bool(cfg.systems))
     kind = f"{'-quick' if quick else ''}{'-partial' if partial else ''}"
     dated, n = RESULTS / f"{stamp}{kind}.json", 1
     while dated.exists():
@@ -161,6 +165,12 @@ def main() -> int:
     print_table(report)
     print(f"elapsed {report['elapsed_s']}s; JSON: {dated}")
     return 0
+
+
+def chosen(systems: list[Any], words: str) -> list[Any]:
+    """The systems whose label holds one of the comma-separated words (all when none)."""
+    wanted = [w.strip().lower() for w in words.split(",") if w.strip()]
+    return [s for s in systems if not wanted or any(w in s.label.lower() for w in wanted)]
 
 
 if __name__ == "__main__":
