@@ -19,7 +19,7 @@ from typing import Any
 POINTS = (
     "child.before_begin", "child.before_commit", "child.after_commit",
     "coordinator.after_claim", "coordinator.before_renew", "coordinator.after_renew",
-    "coordinator.stopping", "coordinator.claim_locked",
+    "coordinator.stopping", "coordinator.claim_locked", "scheduler.slot_inserted",
 )
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 _UNREAD: Any = object()

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from . import conf
+from . import conf, failpoints
 
 logger = logging.getLogger("django_dbworker.schedules")
 CATCH_UP = ("latest", "all", "skip")
@@ -238,6 +238,8 @@ class Scheduler:
             with transaction.atomic(using=self.database):
                 row = ScheduleSlot.objects.using(self.database).create(
                     schedule=schedule.name, slot=slot)
+                if enqueue:
+                    failpoints.reached("scheduler.slot_inserted")
                 if enqueue:
                     result: TaskResult = schedule.task().enqueue(*schedule.args, **schedule.kwargs)
                     row.task_id = result.id

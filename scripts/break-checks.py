@@ -167,6 +167,17 @@ BREAKS = [
           'return f"FORCE INDEX ({index})"', "return None",
           ("tests/test_claims.py::test_the_claim_plan_reads_the_claimable_index_not_the_history",),
           ("mysql",)),
+    Break("rerun-flag", "a change while a row runs is forgotten when its outcome commits",
+          "django_dbworker/child.py",
+          "    flagged = Q(rerun_requested=True)\n", "    flagged = Q(pk__in=[])\n",
+          ("tests/test_reruns.py::test_a_change_while_it_runs_makes_it_run_once_more_after_its_"
+           "commit", "tests/test_reruns.py::test_rows_changed_under_running_workers_all_run_with_"
+           "their_last_values")),
+    Break("schedule-transaction", "a schedule's slot commits before its task is enqueued",
+          "django_dbworker/schedules.py", "            with transaction.atomic(using=self.database):",
+          "            with transaction.mark_for_rollback_on_error(using=self.database):",
+          ("tests/test_schedules.py::test_coordinators_killed_at_slot_boundaries_enqueue_every_"
+           "slot_once",)),
 ]
 
 

@@ -4,6 +4,11 @@ declarations as system check errors."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
+import random
+import signal
 import time
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -109,6 +114,126 @@ def test_four_coordinators_over_twenty_slots_enqueue_exactly_twenty(tmp_path):
     enqueuers = [o.err.count("Schedule tick: enqueued") for o in outputs]
     assert sum(enqueuers) == len(slots) and sum(1 for n in enqueuers if n) >= 2, enqueuers
     print(f"\nslots enqueued per coordinator: {enqueuers}")
+
+
+def enqueued_slots(name: str = "tick") -> list[tuple[datetime, datetime]]:
+    """(slot, enqueued_at) of every slot of ``name`` that enqueued a task, in order."""
+    return list(ScheduleSlot.objects.filter(schedule=name, task__isnull=False)
+                .order_by("slot").values_list("slot", "enqueued_at"))
+
+
+def one_second_apart(slots: list[datetime]) -> bool:
+    return all(b - a == timedelta(seconds=1) for a, b in zip(slots, slots[1:], strict=False))
+
+
+def kill_machine(proc) -> None:
+    """SIGKILL a runworkers process and its children (its own session), as a machine
+    that loses power would leave them."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def sleep_past_next_second(offset: float) -> None:
+    now = time.time()
+    time.sleep(math.ceil(now) - now + offset)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coordinators_killed_at_slot_boundaries_enqueue_every_slot_once(tmp_path):
+    """Three coordinators on a one-second schedule. The first to enqueue a slot is killed
+    inside its transaction (the slot inserted, its task not yet enqueued); then,
+    slot after slot, one coordinator is killed just after the slot boundary and replaced.
+    Every slot is enqueued, once: no slot is missing, no task exists without its slot."""
+    marker = tmp_path / "failpoint"
+    env = {**settings_module(tmp_path, """
+        DBWORKER = {**DBWORKER, "SCHEDULES": {"tick": {
+            "task": "tests.testapp.tasks.record", "args": ["tick"], "every": 1}}}
+    """), "DBWORKER_FAILPOINT": f"scheduler.slot_inserted:{marker}"}
+    def start() -> Output:
+        return Output(runworkers("--worker", "docs", "--concurrency", "docs=1", env=env))
+
+    def ready(coordinators: list[Output]) -> list[Output]:
+        return [c for c in coordinators if "django-dbworker coordinator" in c.err]
+
+    coordinators = [start() for _ in range(3)]
+    kills = 0
+    try:
+        wait_for(marker.exists, timeout=120, interval=0.05)  # one died holding its slot
+        wait_for(lambda: sum(c.proc.poll() is not None for c in coordinators) == 1, timeout=30)
+        coordinators = [c for c in coordinators if c.proc.poll() is None]
+        wait_for(lambda: len(enqueued_slots()) >= 2, timeout=60, interval=0.1)
+        rng = random.Random(len(enqueued_slots()))
+
+        def two_ready() -> bool:
+            return len(ready(coordinators)) >= 2
+
+        for _ in range(8):  # kill one of two running coordinators, never the last one
+            wait_for(two_ready, timeout=60, interval=0.05)
+            sleep_past_next_second(rng.uniform(0.0, 0.03))
+            victim = rng.choice(ready(coordinators))
+            kill_machine(victim.proc)
+            kills += 1
+            coordinators.remove(victim)
+            coordinators.append(start())
+        target = len(enqueued_slots()) + 3
+        wait_for(lambda: len(enqueued_slots()) >= target, timeout=60, interval=0.1)
+    finally:
+        for c in coordinators:
+            kill_machine(c.proc)
+    slots = [slot for slot, _ in enqueued_slots()]
+    assert one_second_apart(slots), slots  # none missing
+    assert Task.objects.count() == len(slots)  # none twice, none without its slot
+    assert Task.objects.filter(args=["tick"]).count() == len(slots)
+    print(f"\n{len(slots)} slots, {kills} kills at slot boundaries + 1 inside the slot's "
+          f"transaction: {Task.objects.count()} tasks enqueued")
+
+
+LATE = timedelta(seconds=0.5)  # a slot enqueued later than this after its time was caught up
+
+
+def frozen_across_six_slots(tmp_path, catch_up: str) -> tuple[list, datetime]:
+    """One coordinator runs a one-second schedule, is stopped (SIGSTOP, as a suspended
+    machine) over six slots, and continued 0.75 s after a slot: (slot, enqueued_at) of
+    every enqueued slot, and when it was continued."""
+    env = settings_module(tmp_path, f"""
+        DBWORKER = {{**DBWORKER, "SCHEDULES": {{"tick": {{
+            "task": "tests.testapp.tasks.record", "args": ["tick"], "every": 1,
+            "catch_up": "{catch_up}"}}}}}}
+    """)
+    proc = runworkers("--worker", "docs", "--concurrency", "docs=1", env=env)
+    try:
+        wait_for(lambda: len(enqueued_slots()) >= 2, timeout=120, interval=0.1)
+        sleep_past_next_second(0.5)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        time.sleep(5.0)
+        sleep_past_next_second(0.75)
+        continued = datetime.now(UTC)
+        os.killpg(proc.pid, signal.SIGCONT)
+        wait_for(lambda: enqueued_slots()[-1][0] >= continued + timedelta(seconds=2),
+                 timeout=60, interval=0.1)
+    finally:
+        kill_machine(proc)
+    return enqueued_slots(), continued
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("catch_up", ["latest", "all", "skip"])
+def test_a_real_coordinator_stopped_over_six_slots_follows_its_catch_up_policy(tmp_path, catch_up):
+    rows, continued = frozen_across_six_slots(tmp_path, catch_up)
+    slots = [slot for slot, _ in rows]
+    late = [slot for slot, enqueued in rows if enqueued - slot > LATE]
+    holes = [(a, b) for a, b in zip(slots, slots[1:], strict=False) if b - a > timedelta(seconds=1)]
+    if catch_up == "all":  # the six missed slots, late, then on time again
+        assert one_second_apart(slots) and len(late) == 6, (slots, late)
+    else:  # one hole over the six slots
+        assert len(holes) == 1 and holes[0][1] - holes[0][0] >= timedelta(seconds=6), slots
+    if catch_up == "latest":  # the newest missed slot runs, 0.75 s late, then on time
+        assert late == [holes[0][1]] and continued - holes[0][1] < timedelta(seconds=1), rows
+    if catch_up == "skip":  # nothing late: the next slot after the stop is the first to run
+        assert late == [] and holes[0][1] > continued, rows
+    assert Task.objects.count() == len(slots)
+    print(f"\n{catch_up}: {len(slots)} slots enqueued, {len(late)} of them caught up late")
 
 
 @pytest.mark.django_db(transaction=True)
