@@ -158,7 +158,8 @@ class Coordinator:
         self.health = DatabaseHealth(bridge.vendor, bridge.ping, self.settings.poll_seconds,
                                      on_back=bridge.reset_connections)
         self.releases = ReleaseQueue(bridge, self.health)
-        self.scheduler = Scheduler(self.settings.database) if self.settings.schedules else None
+        self.scheduler = (Scheduler(self.settings.database, self.settings.lease_seconds)
+                          if self.settings.schedules else None)
         databases = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
         self.pools = [Pool(w, self.settings.concurrency[w.name], self._spawner(w, databases))
                       for w in self.workers]

@@ -35,6 +35,8 @@ MAX_CATCH_UP = 1000
 # later than half the gap to the next slot).
 SKIP_GRACE = timedelta(seconds=60)
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# Another coordinator is enqueueing a schedule: look again this soon.
+BUSY_RETRY = timedelta(seconds=0.25)
 
 
 @dataclass
@@ -188,10 +190,14 @@ def validate(schedule: Schedule, check_task: bool = False) -> str | None:
 class Scheduler:
     """A coordinator's part in schedules: enqueue the slots that are due, exactly once."""
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, lease_seconds: float | None = None) -> None:
         self.database = database
         self.schedules = schedules()
         self._next: datetime | None = None  # when a slot of some schedule is due next
+        # A slot's transaction left idle this long (its coordinator frozen or cut off) is
+        # ended by the server, where the server can: as long as a claim waits for one.
+        self.frozen_after = float(lease_seconds if lease_seconds is not None
+                                  else conf.value("LEASE_SECONDS"))
 
     def __bool__(self) -> bool:
         return bool(self.schedules)
@@ -214,38 +220,62 @@ class Scheduler:
         last = dict(ScheduleSlot.objects.using(self.database)
                     .filter(schedule__in=list(self.schedules)).values_list("schedule")
                     .annotate(last=Max("slot")).values_list("schedule", "last"))
-        enqueued = 0
+        enqueued, busy = 0, False
         for schedule in self.schedules.values():
             if schedule.name not in last:
                 # A new schedule: its history starts at the slot before now (recorded, so
                 # that every coordinator agrees, and nothing before it ever runs).
-                self._record(schedule, schedule.previous_slot(now), enqueue=False)
+                busy |= self._record(schedule, schedule.previous_slot(now), enqueue=False) is None
                 continue
             for slot in schedule.due(last[schedule.name], now):
-                enqueued += self._record(schedule, slot, enqueue=True)
+                done = self._record(schedule, slot, enqueue=True)
+                if done is None:  # another coordinator is at it: its slots wait for it
+                    busy = True
+                    break
+                enqueued += done
         self._next = min((s.next_slot(now) for s in self.schedules.values()), default=None)
+        if busy:  # look again soon: it commits (or its transaction ends) shortly
+            retry = now + BUSY_RETRY
+            self._next = retry if self._next is None else min(self._next, retry)
         return enqueued
 
-    def _record(self, schedule: Schedule, slot: datetime, *, enqueue: bool) -> int:
-        """Insert (schedule, slot) and enqueue its task in one transaction, or nothing if
-        another coordinator got there first (the unique constraint says so)."""
-        from django.db import IntegrityError, transaction
+    def _record(self, schedule: Schedule, slot: datetime, *, enqueue: bool) -> int | None:
+        """Insert (schedule, slot) and enqueue its task in one transaction: 1 (0 for a
+        history start), or 0 if another coordinator got there first (the unique constraint
+        says so), or None if another coordinator is enqueueing this schedule right now.
+
+        The unique constraint alone makes it exactly once. The schedule's lock, taken
+        without waiting, is what keeps this loop from waiting on another coordinator's
+        uncommitted row: frozen or cut off in its transaction, that one would hold up the
+        loop of every coordinator (their leases, their claims) until its session died."""
+        from django.db import IntegrityError, connections, transaction
 
         from .models import ScheduleSlot
         from .tasks.compat import TaskResult
+        from .vendors import for_connection
 
+        connection = connections[self.database]
+        vendor = for_connection(connection)
+        locked = False
         try:
             with transaction.atomic(using=self.database):
+                with connection.cursor() as cursor:
+                    locked = vendor.try_schedule_lock(cursor, schedule.name, self.frozen_after)
+                if not locked:
+                    return None
                 row = ScheduleSlot.objects.using(self.database).create(
                     schedule=schedule.name, slot=slot)
                 if enqueue:
                     failpoints.reached("scheduler.slot_inserted")
-                if enqueue:
                     result: TaskResult = schedule.task().enqueue(*schedule.args, **schedule.kwargs)
                     row.task_id = result.id
                     row.save(update_fields=["task"])
         except IntegrityError:
             return 0
+        finally:
+            if locked:
+                with connection.cursor() as cursor:
+                    vendor.release_schedule_lock(cursor, schedule.name)
         if enqueue:
             logger.info("Schedule %s: enqueued the %s slot", schedule.name, slot.isoformat())
         return int(enqueue)

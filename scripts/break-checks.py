@@ -182,6 +182,12 @@ BREAKS = [
           "            with transaction.mark_for_rollback_on_error(using=self.database):",
           ("tests/test_schedules.py::test_coordinators_killed_at_slot_boundaries_enqueue_every_"
            "slot_once",)),
+    Break("schedule-lock", "a slot's INSERT waits on another coordinator's uncommitted slot",
+          "django_dbworker/schedules.py",
+          "locked = vendor.try_schedule_lock(cursor, schedule.name, self.frozen_after)",
+          "locked = True",
+          ("tests/test_schedules.py::test_a_coordinator_frozen_inside_a_slots_transaction_holds_"
+           "up_no_one",), ("postgres", "mysql")),
 ]
 
 

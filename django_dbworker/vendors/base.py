@@ -9,6 +9,7 @@ SQLAlchemy bridge wraps them, Django runs the DDL.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,12 @@ class TriggerSource:
         return TriggerNames.of(self.base)
 
 
+def schedule_lock_key(schedule: str) -> int:
+    """A stable signed 32-bit number for a schedule's name (an advisory lock key)."""
+    return int.from_bytes(hashlib.blake2b(schedule.encode(), digest_size=4).digest(), "big",
+                          signed=True)
+
+
 class Vendor:
     name = ""
     claim_mode = "FOR UPDATE SKIP LOCKED"
@@ -131,6 +138,19 @@ class Vendor:
         """Whether a failed connection will fail again however long one waits (a wrong
         password, a database that does not exist), unlike a server that is not up yet."""
         return False
+
+    # -- schedules ------------------------------------------------------------------------
+    def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
+        """In a schedule slot's transaction, before its INSERT: take the schedule's lock
+        without waiting. False means another coordinator is enqueueing that schedule right
+        now; the caller looks again shortly instead of waiting on its uncommitted row
+        (which, were that coordinator frozen or cut off, would hold up every loop that
+        waits). Where the server can, the transaction is also ended by the server once it
+        sits idle for ``frozen_after`` seconds, so a frozen holder lets go after a lease."""
+        return True  # SQLite: one writer at a time; the slot INSERT takes the write lock
+
+    def release_schedule_lock(self, cursor: Any, schedule: str) -> None:
+        """After the slot's transaction ended (for a lock that outlives transactions)."""
 
     # -- the server ------------------------------------------------------------------------
     def check_supported(self) -> None:

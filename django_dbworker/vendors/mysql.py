@@ -10,6 +10,7 @@ from .base import (
     UnsupportedDatabase,
     Vendor,
     error_code,
+    schedule_lock_key,
 )
 
 # (alias, database name) -> (charset, collation) of Execution.source_id
@@ -79,6 +80,27 @@ class MySQL(Vendor):
             cursor.execute(f"SET SESSION idle_transaction_timeout = {max(round(lease_seconds), 1)}")
             cursor.close()
 
+    def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
+        # A named lock, taken without waiting; it belongs to the session, so it is let
+        # go after the transaction (release_schedule_lock). MariaDB also ends a session
+        # left idle in its transaction, as on PostgreSQL; the session's own setting is
+        # kept in a user variable and put back on release.
+        if self.is_mariadb:
+            cursor.execute("SET @dbworker_idle = @@SESSION.idle_transaction_timeout, "
+                           "SESSION idle_transaction_timeout = %s",
+                           [max(round(frozen_after), 1)])
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [_schedule_lock_name(schedule)])
+        if cursor.fetchone()[0] == 1:
+            return True
+        self.release_schedule_lock(cursor, schedule, held=False)
+        return False
+
+    def release_schedule_lock(self, cursor: Any, schedule: str, held: bool = True) -> None:
+        if held:
+            cursor.execute("SELECT RELEASE_LOCK(%s)", [_schedule_lock_name(schedule)])
+        if self.is_mariadb:
+            cursor.execute("SET SESSION idle_transaction_timeout = @dbworker_idle")
+
     def engine_options(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
         # Locking reads under READ COMMITTED lock only the rows they return.
         return {"isolation_level": "READ COMMITTED"}
@@ -144,3 +166,8 @@ class MySQL(Vendor):
 
     def drop_index_sql(self, name: str, table: str) -> str:
         return f"DROP INDEX {name} ON {table}"
+
+
+def _schedule_lock_name(schedule: str) -> str:
+    # (GET_LOCK names are at most 64 characters.)
+    return f"dbworker.schedule.{schedule_lock_key(schedule)}"

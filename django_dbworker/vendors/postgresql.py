@@ -12,7 +12,12 @@ from .base import (
     UnsupportedDatabase,
     Vendor,
     driver_error,
+    schedule_lock_key,
 )
+
+# The first key of the two-key advisory locks this app takes ("dbws"), the second being
+# the schedule's: the application's own advisory locks use one key, or other classes.
+SCHEDULE_LOCK_CLASS = 0x64627773
 
 
 class PostgreSQL(Vendor):
@@ -99,6 +104,16 @@ class PostgreSQL(Vendor):
         dbapi_connection.execute(
             f"SET idle_in_transaction_session_timeout = {max(int(lease_seconds * 1000), 1000)}")
         dbapi_connection.autocommit = autocommit
+
+    def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
+        # A transaction-scoped advisory lock in a class of its own (so as not to meet
+        # the application's advisory locks), and SET LOCAL of the idle timeout, at once.
+        cursor.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+            "pg_try_advisory_xact_lock(%s, %s)",
+            [str(max(int(frozen_after * 1000), 1000)), SCHEDULE_LOCK_CLASS,
+             schedule_lock_key(schedule)])
+        return bool(cursor.fetchone()[1])
 
     def notify_sql(self, payload: str) -> str | None:
         return f"SELECT pg_notify('{NOTIFY_CHANNEL}', '{payload}')"
