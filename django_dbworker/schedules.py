@@ -14,6 +14,7 @@ skipped hour runs when the hour resumes; a slot in the repeated hour runs once).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -248,21 +249,34 @@ class Scheduler:
         without waiting, is what keeps this loop from waiting on another coordinator's
         uncommitted row: frozen or cut off in its transaction, that one would hold up the
         loop of every coordinator (their leases, their claims) until its session died."""
-        from django.db import IntegrityError, connections, transaction
+        from django.db import DatabaseError, connections
+
+        from .vendors import for_connection
+
+        vendor = for_connection(connections[self.database])
+        try:
+            done = self._insert(vendor, schedule, slot, enqueue)
+        except BaseException:
+            with contextlib.suppress(DatabaseError):  # (the first error is the one to tell)
+                vendor.end_schedule_lock()
+            raise
+        vendor.end_schedule_lock()
+        if done:
+            logger.info("Schedule %s: enqueued the %s slot", schedule.name, slot.isoformat())
+        return done
+
+    def _insert(self, vendor: Any, schedule: Schedule, slot: datetime, enqueue: bool) -> int | None:
+        from django.db import IntegrityError, transaction
 
         from .models import ScheduleSlot
         from .tasks.compat import TaskResult
-        from .vendors import for_connection
 
-        connection = connections[self.database]
-        vendor = for_connection(connection)
-        locked = False
         try:
-            with transaction.atomic(using=self.database):
-                with connection.cursor() as cursor:
-                    locked = vendor.try_schedule_lock(cursor, schedule.name, self.frozen_after)
-                if not locked:
-                    return None
+            # Durable: the lock is let go after this commit, never after an outer one's.
+            with transaction.atomic(using=self.database, durable=True):
+                with vendor.connection.cursor() as cursor:
+                    if not vendor.try_schedule_lock(cursor, schedule.name, self.frozen_after):
+                        return None
                 row = ScheduleSlot.objects.using(self.database).create(
                     schedule=schedule.name, slot=slot)
                 if enqueue:
@@ -272,10 +286,4 @@ class Scheduler:
                     row.save(update_fields=["task"])
         except IntegrityError:
             return 0
-        finally:
-            if locked:
-                with connection.cursor() as cursor:
-                    vendor.release_schedule_lock(cursor, schedule.name)
-        if enqueue:
-            logger.info("Schedule %s: enqueued the %s slot", schedule.name, slot.isoformat())
         return int(enqueue)

@@ -202,6 +202,9 @@ def test_a_coordinator_frozen_inside_a_slots_transaction_holds_up_no_one(tmp_pat
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has one writer: a process frozen inside a write transaction "
                     "stops every writer of that file, whatever this app does")
+    if connection.vendor == "mysql" and not connection.mysql_is_mariadb:
+        pytest.skip("MySQL cannot end a transaction left idle: its schedule waits for the "
+                    "frozen coordinator (docs/schedules.md), though no loop does")
     marker = tmp_path / "frozen"
     env = {**settings_module(tmp_path, """
         DBWORKER = {**DBWORKER, "LEASE_SECONDS": 3, "SCHEDULES": {"tick": {

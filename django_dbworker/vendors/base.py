@@ -149,8 +149,9 @@ class Vendor:
         sits idle for ``frozen_after`` seconds, so a frozen holder lets go after a lease."""
         return True  # SQLite: one writer at a time; the slot INSERT takes the write lock
 
-    def release_schedule_lock(self, cursor: Any, schedule: str) -> None:
-        """After the slot's transaction ended (for a lock that outlives transactions)."""
+    def end_schedule_lock(self) -> None:
+        """After the slot's transaction ended, whatever became of it: undo what
+        try_schedule_lock did that outlives a transaction (on the same session only)."""
 
     # -- the server ------------------------------------------------------------------------
     def check_supported(self) -> None:

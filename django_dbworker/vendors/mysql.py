@@ -81,25 +81,40 @@ class MySQL(Vendor):
             cursor.close()
 
     def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
-        # A named lock, taken without waiting; it belongs to the session, so it is let
-        # go after the transaction (release_schedule_lock). MariaDB also ends a session
-        # left idle in its transaction, as on PostgreSQL; the session's own setting is
-        # kept in a user variable and put back on release.
-        if self.is_mariadb:
-            cursor.execute("SET @dbworker_idle = @@SESSION.idle_transaction_timeout, "
-                           "SESSION idle_transaction_timeout = %s",
-                           [max(round(frozen_after), 1)])
-        cursor.execute("SELECT GET_LOCK(%s, 0)", [_schedule_lock_name(schedule)])
-        if cursor.fetchone()[0] == 1:
-            return True
-        self.release_schedule_lock(cursor, schedule, held=False)
-        return False
+        # A named lock, taken without waiting. It belongs to the session, not to the
+        # transaction: end_schedule_lock lets it go after the commit. MariaDB also ends
+        # a session left idle in a transaction, as PostgreSQL does; the session's own
+        # setting is put back afterwards.
+        from ..models import ScheduleSlot
 
-    def release_schedule_lock(self, cursor: Any, schedule: str, held: bool = True) -> None:
-        if held:
-            cursor.execute("SELECT RELEASE_LOCK(%s)", [_schedule_lock_name(schedule)])
+        self._session = self.connection.connection
+        # A read of an InnoDB table begins the transaction: from here on, MariaDB counts
+        # the session as in one (and its idle timeout applies) before the lock is taken.
+        cursor.execute(f"SELECT 1 FROM {self.qn(ScheduleSlot._meta.db_table)} LIMIT 1")
+        cursor.fetchall()
         if self.is_mariadb:
-            cursor.execute("SET SESSION idle_transaction_timeout = @dbworker_idle")
+            cursor.execute("SELECT @@SESSION.idle_transaction_timeout")
+            self._idle_before = cursor.fetchone()[0]
+            cursor.execute("SET SESSION idle_transaction_timeout = %s",
+                           [max(round(frozen_after), 1)])
+        # (Named locks are the server's, not a database's: the name says which database.)
+        database = self.connection.settings_dict["NAME"]
+        name = f"dbworker.schedule.{schedule_lock_key(f'{database}/{schedule}')}"
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
+        self._held = name if cursor.fetchone()[0] == 1 else None
+        return self._held is not None
+
+    def end_schedule_lock(self) -> None:
+        session, self._session = getattr(self, "_session", None), None
+        if session is None or self.connection.connection is not session:
+            return  # nothing taken, or that session is gone, and what it held with it
+        held, self._held = getattr(self, "_held", None), None
+        idle, self._idle_before = getattr(self, "_idle_before", None), None
+        with self.connection.cursor() as cursor:
+            if held is not None:
+                cursor.execute("SELECT RELEASE_LOCK(%s)", [held])
+            if idle is not None:
+                cursor.execute("SET SESSION idle_transaction_timeout = %s", [idle])
 
     def engine_options(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
         # Locking reads under READ COMMITTED lock only the rows they return.
@@ -167,7 +182,3 @@ class MySQL(Vendor):
     def drop_index_sql(self, name: str, table: str) -> str:
         return f"DROP INDEX {name} ON {table}"
 
-
-def _schedule_lock_name(schedule: str) -> str:
-    # (GET_LOCK names are at most 64 characters.)
-    return f"dbworker.schedule.{schedule_lock_key(schedule)}"
