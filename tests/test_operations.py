@@ -110,6 +110,55 @@ def test_readyz_says_not_ready_while_the_database_is_down(tmp_path):
         server.stop()
 
 
+def test_a_frozen_or_killed_coordinator_fails_its_probes_and_dbworker_health():
+    """What an orchestrator sees. Frozen (SIGSTOP: a debugger, a suspended VM), the probe
+    thread is frozen too: /healthz does not answer, which Kubernetes counts as a failure
+    (timeoutSeconds), and dbworker_health fails once the heartbeat is a lease old. Resumed,
+    both pass again. Killed, the port refuses and dbworker_health fails the same way."""
+    import signal
+
+    port = free_port()
+    proc = runworkers("--worker", "docs", "--metrics-port", str(port))
+    output = Output(proc)
+
+    def healthy() -> bool:
+        try:
+            call_command("dbworker_health", "--worker", "docs")
+        except CommandError:
+            return False
+        return True
+
+    def probe() -> int | None:
+        """/healthz's status, or None when it does not answer within 2 s."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            return None
+
+    try:
+        wait_for(lambda: probe() == 200 and healthy(), timeout=60)
+        os.killpg(proc.pid, signal.SIGSTOP)  # the coordinator and its children
+        try:
+            assert probe() is None
+            wait_for(lambda: not healthy(), timeout=15)
+            with pytest.raises(CommandError, match="worker docs: no live coordinator runs it"):
+                call_command("dbworker_health", "--worker", "docs")
+        finally:
+            os.killpg(proc.pid, signal.SIGCONT)
+        wait_for(lambda: probe() == 200 and healthy(), timeout=30)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert probe() is None
+        wait_for(lambda: not healthy(), timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output.wait(timeout=30)
+
+
 # -- status and health commands -------------------------------------------------------------
 def test_dbworker_status_json(capsys):
     docs = Document.objects.bulk_create([Document() for _ in range(3)])

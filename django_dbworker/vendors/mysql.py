@@ -77,7 +77,7 @@ class MySQL(Vendor):
             # (and the row locks it holds) after a lease. MySQL has no such setting: there
             # such rows wait until the frozen process resumes or dies.
             cursor = dbapi_connection.cursor()
-            cursor.execute(f"SET SESSION idle_transaction_timeout = {max(round(lease_seconds), 1)}")
+            cursor.execute(f"SET SESSION idle_transaction_timeout = {_idle_seconds(lease_seconds)}")
             cursor.close()
 
     def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
@@ -96,7 +96,7 @@ class MySQL(Vendor):
             cursor.execute("SELECT @@SESSION.idle_transaction_timeout")
             self._idle_before = cursor.fetchone()[0]
             cursor.execute("SET SESSION idle_transaction_timeout = %s",
-                           [max(round(frozen_after), 1)])
+                           [_idle_seconds(frozen_after)])
         # (Named locks are the server's, not a database's: the name says which database.)
         database = self.connection.settings_dict["NAME"]
         name = f"dbworker.schedule.{schedule_lock_key(f'{database}/{schedule}')}"
@@ -182,3 +182,7 @@ class MySQL(Vendor):
     def drop_index_sql(self, name: str, table: str) -> str:
         return f"DROP INDEX {name} ON {table}"
 
+
+def _idle_seconds(lease_seconds: float) -> int:
+    # MariaDB's idle_transaction_timeout counts whole seconds; 0 would mean "never".
+    return max(round(lease_seconds), 1)

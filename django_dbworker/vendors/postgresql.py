@@ -102,7 +102,7 @@ class PostgreSQL(Vendor):
         # row locks that SKIP LOCKED hides from everyone: the server ends its transaction
         # after a lease, so those rows wait no longer than a lease would.
         dbapi_connection.execute(
-            f"SET idle_in_transaction_session_timeout = {max(int(lease_seconds * 1000), 1000)}")
+            f"SET idle_in_transaction_session_timeout = {_idle_milliseconds(lease_seconds)}")
         dbapi_connection.autocommit = autocommit
 
     def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
@@ -111,7 +111,7 @@ class PostgreSQL(Vendor):
         cursor.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
             "pg_try_advisory_xact_lock(%s, %s)",
-            [str(max(int(frozen_after * 1000), 1000)), SCHEDULE_LOCK_CLASS,
+            [str(_idle_milliseconds(frozen_after)), SCHEDULE_LOCK_CLASS,
              schedule_lock_key(schedule)])
         return bool(cursor.fetchone()[1])
 
@@ -209,3 +209,8 @@ END $f$""",
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE NOT t.tgisinternal AND t.tgname = ANY(%s) "
                 "AND n.nspname = ANY(current_schemas(false))", [list(names)])
+
+
+def _idle_milliseconds(lease_seconds: float) -> int:
+    # idle_in_transaction_session_timeout is in milliseconds; 0 would mean "never".
+    return max(int(lease_seconds * 1000), 1000)
