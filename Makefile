@@ -1,9 +1,10 @@
 # Every target creates its own virtual environment; nothing is assumed installed
-# but a Python >= 3.12 (found below, override with `make PYTHON=/path/to/python3.12`).
+# but a Python >= 3.12 (found below, the newest supported one first: 3.13, then 3.12;
+# override with `make PYTHON=/path/to/python3.12`).
 SHELL := /bin/bash
 VENV ?= .venv
-PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3 \
-	$$(command -v pyenv >/dev/null 2>&1 && ls -d $$(pyenv root)/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV); do \
+PYTHON ?= $(shell for p in python3.13 python3.12 \
+	$$(command -v pyenv >/dev/null 2>&1 && ls -d $$(pyenv root)/versions/3.1[23]*/bin/python3 2>/dev/null | sort -rV) python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; done)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

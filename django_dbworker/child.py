@@ -574,9 +574,12 @@ def _announce(worker: Any, row: Delivery, outcome: str, exc: BaseException | Non
         total = worker.max_attempts or 1
         then = (f"retry at {retry_at:%Y-%m-%d %H:%M:%S} UTC" if retry_at is not None
                 else "no retry left: failed")
-        logger.warning("Worker %s: execution %s (source %s) failed on attempt %d of %d: %s; %s",
-                       worker.name, row[1], row[2], row[4], total, _describe(exc), then,
-                       exc_info=exc)
+        # ERROR when no retry is left (what logging integrations such as Sentry's report
+        # as an event by default); WARNING when it will be retried.
+        logger.log(logging.ERROR if retry_at is None else logging.WARNING,
+                   "Worker %s: execution %s (source %s) failed on attempt %d of %d: %s; %s",
+                   worker.name, row[1], row[2], row[4], total, _describe(exc), then,
+                   exc_info=exc)
         if retry_at is not None:
             logger.info("Worker %s: execution %s will be retried at %s UTC (attempt %d of %d)",
                         worker.name, row[1], f"{retry_at:%H:%M:%S}", row[4] + 1, total)

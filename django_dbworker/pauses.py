@@ -2,7 +2,7 @@
 until it is resumed. The one code path for the admin, the commands and your code.
 
 A pause is a ``WorkerPause`` row. Coordinators read the (tiny) table every poll interval;
-on PostgreSQL a trigger's NOTIFY wakes them at once.
+on PostgreSQL the NOTIFY that ``pause()`` and ``resume()`` send wakes them at once.
 """
 
 from __future__ import annotations

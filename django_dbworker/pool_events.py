@@ -97,5 +97,9 @@ class PoolEvents:
                     error: tuple[str, str]) -> None:
         """An attempt cut short from outside: it counts, and the retry policy decides."""
         self.count(worker.name, "released")
-        self.releases.add(claim, worker.retry_policy.after_interruption(
-            claim.attempt, timezone.now()), error)
+        decision = worker.retry_policy.after_interruption(claim.attempt, timezone.now())
+        if worker.retry_policy.max_attempts is not None:
+            # With max_attempts the attempt counts as a failed one (retried, or failed
+            # when none is left): so it is counted, as a handler's exception would be.
+            self.count(worker.name, "retried" if decision.retried else "failed")
+        self.releases.add(claim, decision, error)

@@ -140,9 +140,21 @@ def test_changelist_columns(admin_client: Client, failed_doc: Any) -> None:
     cells = dict(re.findall(r'<td class="field-([a-z_]+)[^"]*">(.*?)</td>', text, re.S))
     row = Execution.objects.get(pk=execution.pk)
     assert cells["attempts"] == "1" == str(row.attempts)
-    local = timezone.localtime(row.lease_expires_at)
-    assert cells["lease_expires_at"] == formats.localize(local), cells
-    assert cells["updated_at"] == formats.localize(timezone.localtime(row.updated_at)), cells
+    # The claim with its lease's expiry, and the update time: short (today's time of
+    # day), the full date and time on hover.
+    lease = timezone.localtime(row.lease_expires_at)
+    assert cells["claim"] == (f'<span title="lease until {formats.localize(lease)}">'
+                              f'box-7:4242 · {lease:%H:%M:%S}</span>'), cells
+    updated = timezone.localtime(row.updated_at)
+    assert cells["updated"] == (f'<span title="{formats.localize(updated)}">'
+                                f'{updated:%H:%M:%S}</span>'), cells
+    Execution.objects.filter(pk=execution.pk).update(
+        updated_at=timezone.now() - timedelta(days=3), lease_expires_at=None)
+    cells = dict(re.findall(r'<td class="field-([a-z_]+)[^"]*">(.*?)</td>',
+                            admin_client.get(CHANGELIST, {"worker": "docs"}).text, re.S))
+    assert cells["claim"] == "box-7:4242"
+    older = timezone.localtime(Execution.objects.get(pk=execution.pk).updated_at)
+    assert f">{older:%Y-%m-%d}</span>" in cells["updated"], cells
 
 
 def test_source_without_admin_is_plain_text(admin_client: Client) -> None:
@@ -335,8 +347,9 @@ def test_dashboard_figures(admin_client: Client) -> None:
     finish(docs_executions(documents[2:5]))
     two_hours_ago = timezone.now() - timedelta(hours=2)
     docs_executions(documents[1:2]).update(finished_at=two_hours_ago)  # an old failure
-    Execution.objects.filter(worker="summaries").update(
-        created_at=timezone.now() - timedelta(minutes=90))
+    Execution.objects.filter(worker="summaries").update(  # claimable for 90 minutes
+        created_at=timezone.now() - timedelta(minutes=90),
+        ready_at=timezone.now() - timedelta(minutes=90))
     docs_executions(documents[5:]).update(status=ExecutionStatus.WORKING,
                                           lease_expires_at=timezone.now() - timedelta(seconds=5))
     now = timezone.now()

@@ -138,6 +138,12 @@ def test_the_dashboard_refreshes_itself_the_why_page_explains_and_the_list_fits(
     # The changelist fits a 1300 px laptop screen: no sideways scroll, one-line errors.
     page.goto(url + reverse("admin:django_dbworker_execution_changelist") + "?worker=docs")
     assert page.evaluate("document.documentElement.scrollWidth") <= 1300
+    # (The list sits in a box that would scroll sideways by itself: it must not have to.)
+    box = page.evaluate("(() => { const r = document.querySelector('#changelist .results');"
+                        " return [r.scrollWidth, r.clientWidth]; })()")
+    assert box[0] <= box[1], f"the list is {box[0]} px wide in a {box[1]} px box"
+    right = page.evaluate("document.querySelector('#result_list').getBoundingClientRect().right")
+    assert right <= 1300, right
     heights = page.eval_on_selector_all("#result_list tbody tr", "rows => rows.map(r => r.offsetHeight)")
     assert heights and max(heights) < 80, heights
 

@@ -20,9 +20,18 @@ from django_dbworker import Coordinator
 from django_dbworker.diagnosis import diagnose
 from django_dbworker.models import CoordinatorHeartbeat, Execution, WorkerPause
 from django_dbworker.pauses import pause, resume
-from tests.helpers import analyze, drain, effects, execution, mark_failed, runworkers, wait_for
+from tests.helpers import (
+    analyze,
+    drain,
+    effects,
+    execution,
+    mark_failed,
+    runworkers,
+    settings_module,
+    wait_for,
+)
 from tests.processes import Output
-from tests.testapp.models import Document, SignalSeen
+from tests.testapp.models import Document, SignalSeen, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,10 +83,19 @@ def test_metrics_count_what_happened_and_the_probes_say_how_it_is():
         assert m[("dbworker_handler_duration_seconds_count", labels)] == 4
         assert m[("dbworker_pickup_latency_seconds_count", labels)] == 4
         assert m[("dbworker_pending_rows", labels)] == 0
-        Document.objects.create(uploaded=False)  # pending, not eligible: counted as pending
+        waiting = Document.objects.create(uploaded=False)  # pending, not eligible: counted
         m = samples(get(port, "/metrics")[1])
         assert m[("dbworker_pending_rows", labels)] == 1
-        assert m[("dbworker_oldest_pending_age_seconds", labels)] >= 0
+        assert 0 <= m[("dbworker_oldest_pending_age_seconds", labels)] < 60
+        # Created long ago, claimable again since just now (a retry, a re-run): a young wait.
+        Execution.objects.filter(worker="docs", source_id=str(waiting.pk)).update(
+            created_at="2020-01-01T00:00:00Z")
+        assert samples(get(port, "/metrics")[1])[
+            ("dbworker_oldest_pending_age_seconds", labels)] < 60
+        Execution.objects.filter(worker="docs", source_id=str(waiting.pk)).update(
+            ready_at="2020-01-01T00:00:00Z")
+        assert samples(get(port, "/metrics")[1])[
+            ("dbworker_oldest_pending_age_seconds", labels)] > 86400
         health = json.loads(get(port, "/healthz")[1])
         assert health == {"ok": True, "loop_alive": True, "database": True,
                           "children_ready": True, "stopping": False}
@@ -85,6 +103,42 @@ def test_metrics_count_what_happened_and_the_probes_say_how_it_is():
         proc.terminate()
         assert output.wait(timeout=60) == 0, output.err
     assert len(docs) == 4
+
+
+def test_the_counters_count_unfinished_retried_and_crashed_runs():
+    from tests.testapp.models import FaultJob
+
+    port = free_port()
+    steps = Document.objects.create(behaviour="steps:3")  # Unfinished() twice, then done
+    tag = Tag.objects.create(slug="retry-counted")        # "retrying": 3 attempts, all fail
+    job = FaultJob.objects.create(behaviour="crash_retry")  # its child dies; retried in 1 h
+    proc = runworkers("--worker", "docs", "--worker", "retrying", "--worker", "crash_retry",
+                      "--metrics-port", str(port))
+    output = Output(proc)
+    try:
+        wait_for(lambda: execution("docs", steps).status == "finished"
+                 and execution("retrying", tag).status == "failed"
+                 and execution("crash_retry", job).next_attempt_at is not None, timeout=60)
+        # (The coordinator counts a run when its child's report arrives, just after the
+        # run's commit: read until the last report is in.)
+        wait_for(lambda: samples(get(port, "/metrics")[1]).get(
+            ("dbworker_failed_total", (("queue", ""), ("worker", "retrying")))) == 1, timeout=30)
+        m = samples(get(port, "/metrics")[1])
+    finally:
+        proc.terminate()
+        assert output.wait(timeout=60) == 0, output.err
+
+    def count(name: str, worker: str) -> float:
+        return m[(f"dbworker_{name}", (("queue", ""), ("worker", worker)))]
+
+    assert (count("unfinished_total", "docs"), count("finished_total", "docs")) == (2, 1)
+    assert (count("retried_total", "retrying"), count("failed_total", "retrying")) == (2, 1)
+    assert count("claimed_total", "retrying") == 3
+    # A child that died mid-handler: crashed, its row released, and (with max_attempts) the
+    # attempt counted as a failed one with a retry left.
+    assert (count("crashed_total", "crash_retry"), count("released_total", "crash_retry"),
+            count("retried_total", "crash_retry")) == (1, 1, 1)
+    assert count("busy_children", "docs") == 0  # nothing running once all is done
 
 
 def test_readyz_says_not_ready_while_the_database_is_down(tmp_path):
@@ -182,8 +236,11 @@ def test_dbworker_health_fails_without_a_live_coordinator_or_with_old_rows():
         call_command("dbworker_health", "--worker", "docs")
     CoordinatorHeartbeat.objects.create(host="box", pid=7, workers="docs")
     call_command("dbworker_health", "--worker", "docs")  # healthy
-    Execution.objects.filter(worker="docs").update(
-        created_at="2020-01-01T00:00:00Z")
+    # A row created long ago that became claimable again just now (a retry, a re-run)
+    # has waited only since then.
+    Execution.objects.filter(worker="docs").update(created_at="2020-01-01T00:00:00Z")
+    call_command("dbworker_health", "--worker", "docs", "--max-pending-age", "60")
+    Execution.objects.filter(worker="docs").update(ready_at="2020-01-01T00:00:00Z")
     with pytest.raises(CommandError, match="the oldest pending row has waited"):
         call_command("dbworker_health", "--worker", "docs", "--max-pending-age", "60")
 
@@ -206,12 +263,18 @@ def test_a_pause_reaches_a_running_coordinator_within_a_poll():
     try:
         first = Document.objects.create()
         wait_for(lambda: execution("docs", first).status == "finished", timeout=30)
+        # A handler running when the pause comes (2 s long) is let finish.
+        running = Document.objects.create(behaviour="sleep:2")
+        wait_for(lambda: execution("docs", running).status == "working", timeout=30,
+                 interval=0.01)
         paused_at = time.monotonic()
         call_command("dbworker_pause", "docs", "--reason", "incident")
         wait_for(lambda: "docs" in coordinator.paused, timeout=30, interval=0.01)
         # POLL_SECONDS is 0.05 here; on PostgreSQL the fallback read would come only
         # MAX_POLL_SECONDS (10 s) after the last one: far sooner means NOTIFY told it.
         assert time.monotonic() - paused_at < 5
+        wait_for(lambda: execution("docs", running).status == "finished", timeout=30)
+        assert execution("docs", running).attempts == 1  # finished, not stopped and re-run
         held = Document.objects.create()
         time.sleep(1.0)  # (a claim would take milliseconds)
         assert execution("docs", held).status == "pending"
@@ -219,7 +282,7 @@ def test_a_pause_reaches_a_running_coordinator_within_a_poll():
         wait_for(lambda: execution("docs", held).status == "finished", timeout=30)
     finally:
         coordinator.stop()
-    assert effects("docs") == {str(first.pk): 1, str(held.pk): 1}
+    assert effects("docs") == {str(first.pk): 1, str(running.pk): 1, str(held.pk): 1}
 
 
 def test_pausing_from_the_dashboard_needs_the_change_permission(admin_client, client,
@@ -245,24 +308,60 @@ def test_pausing_from_the_dashboard_needs_the_change_permission(admin_client, cl
 
 # -- hooks ----------------------------------------------------------------------------------
 def test_signals_are_sent_after_the_outcome_committed_in_the_child():
+    """Each receiver (tests/testapp/signals.py) runs in the child, outside any transaction,
+    and reads the outcome the signal announces as committed."""
     ok, failing = Document.objects.create(), Document.objects.create(behaviour="fail")
+    tag = Tag.objects.create(slug="retry-signalled")  # "retrying": fails 3 attempts of 3
     drain("docs")
-    seen = SignalSeen.objects.filter(kind__startswith="execution_")
-    assert dict(seen.values_list("key", "kind")) == {f"docs:{ok.pk}": "execution_finished",
-                                                     f"docs:{failing.pk}": "execution_failed"}
+    for _ in range(3):  # each retry is due after its back-off: make it due now
+        Execution.objects.filter(worker="retrying").update(next_attempt_at=None)
+        drain("retrying")
+    seen = SignalSeen.objects.filter(kind__startswith="execution_").order_by("id")
+    after = "after the commit"
+    assert sorted(seen.values_list("kind", "key")) == sorted([
+        ("execution_finished", f"docs:{ok.pk}:1:finished:{after}"),
+        ("execution_failed", f"docs:{failing.pk}:1:failed:{after}"),
+        ("execution_retried", f"retrying:{tag.pk}:1:unfinished:{after}"),
+        ("execution_retried", f"retrying:{tag.pk}:2:unfinished:{after}"),
+        ("execution_failed", f"retrying:{tag.pk}:3:failed:{after}"),
+    ])
     assert os.getpid() not in set(seen.values_list("pid", flat=True))  # sent by the child
 
 
 def test_a_failure_is_logged_with_the_exception_for_logging_integrations(tmp_path):
+    """A handler of the project's LOGGING (a logging integration's place) receives, from
+    the child, the failure at ERROR with its exc_info when no retry is left, and at
+    WARNING while retries remain."""
+    records = tmp_path / "records.jsonl"
+    env = settings_module(tmp_path, f"""
+        LOGGING = {{"version": 1, "disable_existing_loggers": False,
+                   "formatters": {{"plain": {{"format": "%(message)s"}}}},
+                   "handlers": {{"records": {{"class": "tests.testapp.logrecords.RecordFile",
+                                            "path": {str(records)!r}, "formatter": "plain"}}}},
+                   "loggers": {{"django_dbworker.child": {{"handlers": ["records"],
+                                                          "level": "INFO"}}}}}}
+    """)
     failing = Document.objects.create(behaviour="fail")
-    proc = runworkers("--drain", "--worker", "docs")
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    [line] = [x for x in err.splitlines() if "failed on attempt" in x]
-    print("\n" + "\n".join(x for x in err.splitlines() if "Worker docs" in x))
-    assert "WARNING" in line and f"source {failing.pk}" in line
-    assert "ValueError: cannot handle document" in line and "attempt 1 of 1" in line
-    assert "Traceback (most recent call last)" in err  # exc_info: the handler's traceback
+    tag = Tag.objects.create(slug="retry-logged")  # the "retrying" worker: 3 attempts
+    proc = runworkers("--worker", "docs", "--worker", "retrying", env=env)
+    output = Output(proc)
+    try:
+        wait_for(lambda: execution("docs", failing).status == "failed"
+                 and execution("retrying", tag).status == "failed", timeout=60)
+    finally:
+        proc.terminate()
+        assert output.wait(timeout=60) == 0, output.err
+    lines = [json.loads(x) for x in records.read_text().splitlines()]
+    failures = [r for r in lines if "failed on attempt" in r["message"]]
+    print("\n" + "\n".join(f"{r['level']} {r['message']}" for r in failures))
+    docs = [r for r in failures if f"source {failing.pk})" in r["message"]
+            and r["message"].startswith("Worker docs")]
+    assert [(r["level"], r["exc_type"]) for r in docs] == [("ERROR", "ValueError")]
+    assert "attempt 1 of 1" in docs[0]["message"]
+    assert "raise ValueError" in docs[0]["traceback"]  # the handler's own traceback
+    tags = [r for r in failures if r["message"].startswith("Worker retrying")]
+    assert [(r["level"], r["exc_type"]) for r in tags] == [
+        ("WARNING", "RuntimeError"), ("WARNING", "RuntimeError"), ("ERROR", "RuntimeError")]
 
 
 # -- why is this row not running? -------------------------------------------------------------

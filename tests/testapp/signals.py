@@ -25,7 +25,16 @@ for _signal, _kind in ((task_enqueued, "enqueued"), (task_started, "started"),
 
 def _execution(kind):
     def receiver(sender, worker, execution_id, source_id, attempt, **kwargs):
-        SignalSeen.objects.create(kind=f"execution_{kind}", key=f"{worker}:{source_id}",
+        # What the receiver finds: the execution's status as the database has it, and
+        # whether it is still inside a transaction (it must not be: sent after the commit).
+        from django.db import connection
+
+        from django_dbworker.models import Execution
+
+        status = Execution.objects.get(pk=execution_id).status
+        where = "in a transaction" if connection.in_atomic_block else "after the commit"
+        SignalSeen.objects.create(kind=f"execution_{kind}",
+                                  key=f"{worker}:{source_id}:{attempt}:{status}:{where}",
                                   pid=os.getpid())
     return receiver
 
