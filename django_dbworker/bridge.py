@@ -576,10 +576,7 @@ class Bridge:
             firsts = {r[2]: r[0] for r in rows}
             ages: dict[str, float] = {}
             if firsts:
-                # Waiting since it last became claimable (a retried or re-run row's
-                # creation may be days old); rows from before ready_at: since creation.
-                waiting_since = sa.func.coalesce(e.c.ready_at, e.c.created_at)
-                for row in conn.execute(sa.select(e.c.id, waiting_since, self.now())
+                for row in conn.execute(sa.select(e.c.id, e.c.created_at, self.now())
                                         .where(e.c.id.in_(list(firsts)))):
                     ages[firsts[row[0]]] = (_as_datetime(row[2]) - _as_datetime(row[1])).total_seconds()
         return {r[0]: (int(r[1]), ages.get(r[0])) for r in rows}

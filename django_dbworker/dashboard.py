@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Max, Min, QuerySet
-from django.db.models.functions import Coalesce, TruncMinute
+from django.db.models.functions import TruncMinute
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -136,14 +136,12 @@ class Dashboard:
                 s.counts[ExecutionStatus.FINISHED.value] = min(n, FINISHED_COUNT_LIMIT)
                 s.finished_capped = n > FINISHED_COUNT_LIMIT
         # The claimable index holds only claimable rows: the lowest id per worker is the
-        # one pending longest (ids follow creation), fetched by primary key. It has waited
-        # since it last became claimable (ready_at): a retried or re-run row was created
-        # long before.
+        # one pending longest (ids follow creation), fetched by primary key.
         first_ids = (executions.filter(claimable_worker__isnull=False)
                      .values("claimable_worker").annotate(first=Min("id")).values("first"))
-        for worker, since in executions.filter(id__in=first_ids).values_list(
-                "worker", Coalesce("ready_at", "created_at")):
-            summary(worker).oldest_waiting = max(now - since, timedelta(0))
+        for worker, created_at in executions.filter(id__in=first_ids).values_list(
+                "worker", "created_at"):
+            summary(worker).oldest_waiting = max(now - created_at, timedelta(0))
         # (status, finished_at) index: the last hour's failures, and the last hour's ends
         # per minute for the chart: a range of it, never the history.
         hour_ago = now - timedelta(minutes=ACTIVITY_MINUTES)
