@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import display_for_value, quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import connections
@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.test.utils import CaptureQueriesContext
 from django.urls import NoReverseMatch, URLPattern, path, reverse
-from django.utils import formats, timezone
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
@@ -74,10 +74,6 @@ def rerun_note(obj: Execution) -> str:
             return f"stale since {since:%Y-%m-%d %H:%M}"
         return "stale"
     return ""
-
-
-def full_time(moment: datetime) -> str:
-    return formats.localize(timezone.localtime(moment))
 
 
 def short_time(moment: datetime) -> str:
@@ -167,12 +163,12 @@ class ExecutionAdmin(admin.ModelAdmin):
         if obj.lease_expires_at is None:
             return obj.claimed_by
         return format_html('<span title="lease until {}">{} · {}</span>',
-                           full_time(obj.lease_expires_at), obj.claimed_by,
+                           display_for_value(obj.lease_expires_at, "-"), obj.claimed_by,
                            short_time(obj.lease_expires_at))
 
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, obj: Execution) -> SafeString:
-        return format_html('<span title="{}">{}</span>', full_time(obj.updated_at),
+        return format_html('<span title="{}">{}</span>', display_for_value(obj.updated_at, "-"),
                            short_time(obj.updated_at))
 
     @admin.display(description="error")

@@ -21,6 +21,7 @@ from .registry import Worker
 if TYPE_CHECKING:
     from .metrics import Metrics
     from .releases import ReleaseQueue
+    from .retry import RetryDecision
     from .wakeups import Wakeups
 
 logger = logging.getLogger("django_dbworker.coordinator")
@@ -61,7 +62,7 @@ class PoolEvents:
             elif isinstance(event, TimedOut):
                 claim = event.claim
                 decision = pool.worker.retry_policy.after_failure(claim.attempt, timezone.now())
-                self.count(name, "retried" if decision.retried else "failed")
+                self.count_failure(name, decision)
                 self.releases.add(claim, decision, (
                     "TimeoutError",
                     f"The handler ran longer than its timeout of {pool.worker.timeout}s."))
@@ -98,8 +99,10 @@ class PoolEvents:
         """An attempt cut short from outside: it counts, and the retry policy decides."""
         self.count(worker.name, "released")
         decision = worker.retry_policy.after_interruption(claim.attempt, timezone.now())
-        if worker.retry_policy.max_attempts is not None:
-            # With max_attempts the attempt counts as a failed one (retried, or failed
-            # when none is left): so it is counted, as a handler's exception would be.
-            self.count(worker.name, "retried" if decision.retried else "failed")
+        self.count_failure(worker.name, decision)
         self.releases.add(claim, decision, error)
+
+    def count_failure(self, worker: str, decision: RetryDecision) -> None:
+        """A failed attempt is counted as retried, or failed when no retry is left."""
+        if decision.failed_attempt:
+            self.count(worker, "retried" if decision.retried else "failed")

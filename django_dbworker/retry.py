@@ -19,6 +19,9 @@ from .status import ExecutionStatus
 class RetryDecision:
     status: ExecutionStatus  # UNFINISHED (retried at next_attempt_at) or FAILED (final)
     next_attempt_at: datetime | None
+    # Whether the attempt counts as a failed one (metrics: retried or failed). Not so for
+    # an interruption without max_attempts: the row is simply claimable again.
+    failed_attempt: bool = True
 
     @property
     def retried(self) -> bool:
@@ -58,5 +61,5 @@ class RetryPolicy:
         is claimable again at once; with it, the attempt counts like a failure (so a row
         that kills its child every time ends FAILED instead of looping)."""
         if self.max_attempts is None:
-            return RetryDecision(ExecutionStatus.UNFINISHED, None)
+            return RetryDecision(ExecutionStatus.UNFINISHED, None, failed_attempt=False)
         return self.after_failure(attempts, now)
