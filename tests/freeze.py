@@ -6,6 +6,10 @@ renewing, which recovery skips (it never waits on a dead holder). Either way no 
 coordinator can take the frozen one's rows over, which is not the case a test means when
 it freezes a coordinator "so that its lease runs out". Under load the freeze lands inside
 a transaction often enough to fail such a test, so it retries until it lands outside.
+
+MariaDB serves information_schema.innodb_trx from a cache that it refreshes only when it
+has not been read for 0.1 s: read more often, it shows the same old snapshot every time
+(a coordinator caught once in a COMMIT would seem to stay in it). So its reads are spaced.
 """
 
 from __future__ import annotations
@@ -29,9 +33,14 @@ def freeze_between_transactions(pid: int, attempts: int = 200) -> None:
         if not in_a_transaction(pid):
             return
         os.kill(pid, signal.SIGCONT)
-        time.sleep(0.02)
+        time.sleep(0.02 if connection.vendor != "mysql" else INNODB_TRX_FRESH_AFTER)
     raise AssertionError(f"process {pid} was inside a transaction at every one of "
                          f"{attempts} attempts to freeze it")
+
+
+# MariaDB's cache of innodb_trx is refreshed only after this long without a read.
+INNODB_TRX_FRESH_AFTER = 0.12
+_innodb_trx_read_at = 0.0
 
 
 def in_a_transaction(pid: int) -> bool:
@@ -46,12 +55,20 @@ def in_a_transaction(pid: int) -> bool:
             cursor.execute("SELECT client_port FROM pg_stat_activity WHERE state <> 'idle'")
             busy = {port for (port,) in cursor.fetchall()}
         else:  # MariaDB: a transaction that has begun, and the host:port of its client
-            cursor.execute(
-                "SELECT p.host FROM information_schema.innodb_trx t "
-                "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id")
-            clients = (host.rpartition(":")[2] for (host,) in cursor.fetchall())
+            clients = (host.rpartition(":")[2] for host in _hosts_in_transactions(cursor))
             busy = {int(port) for port in clients if port.isdigit()}
     return bool(busy & ports)
+
+
+def _hosts_in_transactions(cursor) -> list[str]:
+    """The host:port of every MariaDB client in a transaction, read from a fresh cache."""
+    global _innodb_trx_read_at
+    time.sleep(max(0.0, _innodb_trx_read_at + INNODB_TRX_FRESH_AFTER - time.monotonic()))
+    cursor.execute("SELECT p.host FROM information_schema.innodb_trx t "
+                   "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id")
+    hosts = [host for (host,) in cursor.fetchall()]
+    _innodb_trx_read_at = time.monotonic()
+    return hosts
 
 
 def _holds_sqlite_write_lock(pid: int) -> bool:
