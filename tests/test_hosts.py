@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from django_dbworker.models import CoordinatorHeartbeat, Execution
 from tests.helpers import effects, execution, held_handler, settings_module, wait_for
 from tests.hosts import Host, Hosts, at_pids, pid_namespace_members, require
+from tests.test_stress import Killer
 from tests.testapp.models import Document, Effect, StressJob
 
 DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
@@ -141,6 +144,66 @@ def test_a_host_cut_off_past_its_lease_loses_its_rows_and_its_late_commit_is_ref
     assert "had expired leases" in survivors_log and "are gone" not in survivors_log
     assert "are gone" not in stale_log
     print(f"takeover {takeover_seconds:.1f}s after the cut")
+
+
+# -- (b2) the stress run: kills and a partition together ---------------------------------------
+# The issue's figure is 5,000 rows (run it so: DBWORKER_HOSTS_STRESS_ROWS=5000); CI runs
+# fewer, with the same kills and the same partition.
+STRESS_ROWS = int(os.environ.get("DBWORKER_HOSTS_STRESS_ROWS", "1500"))
+
+
+def test_three_hosts_under_child_kills_and_a_partition_lose_nothing_and_run_nothing_twice(tmp_path):
+    names = ["host-a", "host-b", "host-c"]
+    StressJob.objects.bulk_create([StressJob(delay=0.02) for _ in range(STRESS_ROWS)])
+    ids = {str(pk) for pk in StressJob.objects.values_list("pk", flat=True)}
+    rows = Execution.objects.filter(worker="stress")
+
+    def finished() -> int:
+        return rows.filter(status="finished").count()
+
+    with Hosts(names, tmp_path / "logs") as hosts:
+        started = time.monotonic()
+        procs = [h.runworkers("--worker", "stress", "--concurrency", "stress=2") for h in hosts]
+        wait_for(lambda: set(heartbeats()) >= set(names), timeout=60)
+        killer = Killer([p.pid for p in procs])
+        killer.start()
+        try:
+            wait_for(lambda: finished() >= STRESS_ROWS // 3, timeout=240, interval=0.2)
+            cut = hosts[0]
+            cut.cut()  # mid-run, for two leases: its rows go to the others
+            cut_at = time.monotonic()
+            stranded = set(rows.filter(status="working", claimed_by__startswith="host-a:")
+                           .values_list("pk", flat=True))
+            wait_for(lambda: not rows.filter(pk__in=stranded, status="working",
+                                             claimed_by__startswith="host-a:").exists(),
+                     timeout=60, interval=0.1)
+            takeover = time.monotonic() - cut_at  # its rows are the others' (or done)
+            time.sleep(max(0.0, 6 - takeover))
+            cut.heal()
+            healed, healed_at = time.monotonic(), timezone.now()
+            wait_for(lambda: rows.filter(status="finished", claimed_by__startswith="host-a:",
+                                         updated_at__gt=healed_at).exists()
+                     or finished() == STRESS_ROWS, timeout=60, interval=0.1)
+            rejoined = time.monotonic() - healed  # the cut host finishes rows again
+            wait_for(lambda: finished() == STRESS_ROWS or any(p.poll() is not None for p in procs),
+                     timeout=300, interval=0.2)
+        finally:
+            killer.stop()
+        elapsed = time.monotonic() - started
+        assert all(p.poll() is None for p in procs), logs(*procs)
+        claims = Counter((by or "").rsplit(":", 1)[0] for by in rows.values_list("claimed_by", flat=True))
+    counted = effects("stress")
+    lost = len(ids - set(counted))
+    twice = sum(1 for v in counted.values() if v > 1)
+    assert (lost, twice) == (0, 0), (lost, twice)
+    assert rows.exclude(status="finished").count() == 0
+    assert len(killer.killed) >= 3, killer.killed
+    rerun = rows.filter(attempts__gt=1).count()
+    print(f"\n3 hosts x 2 children, {STRESS_ROWS} rows, {len(killer.killed)} child kills, "
+          f"1 partition of 6 s ({len(stranded)} rows held by the cut host), {rerun} rows run "
+          f"again, lost {lost}, twice {twice}; its rows taken over {takeover:.1f}s after the cut, "
+          f"it finished rows again {rejoined:.1f}s after the heal; {elapsed:.1f}s in all; "
+          f"last claims per host {dict(claims)}")
 
 
 # -- (c) containers: PID namespaces sharing one host name -----------------------------------

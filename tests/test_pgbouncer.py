@@ -7,6 +7,9 @@ DBWORKER_TEST_PGBOUNCER_URL). PostgreSQL only.
   idle coordinator at once (polling here only every 20 s).
 - Without it: one WARNING at start ("NOTIFY does not reach ..."), then rows are found by
   the change probe and polling; a drain still runs every row exactly once.
+- The core promises through it: two coordinators claiming one worker's rows while their
+  children are SIGKILLed (claims, crash recovery by lease, each row's effect once), and a
+  failing handler retried to its last attempt.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from django.db import connection
 
 from django_dbworker.models import CoordinatorHeartbeat, Execution
 from tests.helpers import effects, execution, runworkers, settings_module, wait_for
-from tests.testapp.models import Document
+from tests.processes import Output
+from tests.test_stress import Killer
+from tests.testapp.models import Document, StressJob, Tag
 
 DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
 PGBOUNCER_URL = os.environ.get("DBWORKER_TEST_PGBOUNCER_URL", "postgresql://root@127.0.0.1:6432/test")
@@ -146,3 +151,52 @@ def test_without_a_direct_listen_connection_it_warns_once_and_drains_by_polling(
     assert "cannot handle document" in execution("docs", failing).error_message
     assert Execution.objects.filter(worker="docs", status="finished").count() == len(docs)
     print(f"drained {len(docs) + 1} rows through PgBouncer by polling in {elapsed:.1f}s")
+
+
+def test_two_coordinators_through_pgbouncer_with_children_killed_run_every_row_once(tmp_path):
+    """Claims, leases and the token guard through transaction pooling: no claim or renewal
+    depends on a session (each is one transaction), so rows whose child is killed come back
+    by lease, and none runs to completion twice."""
+    rows = 300
+    StressJob.objects.bulk_create([StressJob(delay=0.02) for _ in range(rows)])
+    ids = {str(pk) for pk in StressJob.objects.values_list("pk", flat=True)}
+    env = through_pgbouncer(tmp_path, listen_direct=True)
+    procs = [runworkers("--worker", "stress", "--concurrency", "stress=2", env=env)
+             for _ in range(2)]
+    outputs = [Output(p) for p in procs]
+    wait_for(lambda: all("django-dbworker coordinator" in o.err for o in outputs)
+             or any(p.poll() is not None for p in procs), timeout=120, interval=0.1)
+    assert all(p.poll() is None for p in procs), [o.err[-2000:] for o in outputs]
+    killer = Killer([p.pid for p in procs])
+    killer.start()
+    try:
+        wait_for(lambda: Execution.objects.filter(worker="stress", status="finished").count()
+                 == rows or any(p.poll() is not None for p in procs), timeout=180, interval=0.2)
+    finally:
+        killer.stop()
+    for p in procs:
+        p.terminate()
+    assert [o.wait(timeout=120) for o in outputs] == [0, 0], [o.err[-2000:] for o in outputs]
+    assert all("prepared statement" not in o.err for o in outputs)
+    counted = effects("stress")
+    assert set(counted) == ids and set(counted.values()) == {1}  # none lost, none twice
+    assert len(killer.killed) >= 3, killer.killed
+    rerun = Execution.objects.filter(worker="stress", attempts__gt=1).count()
+    print(f"through PgBouncer: 2 coordinators x 2, {rows} rows, {len(killer.killed)} kills, "
+          f"{rerun} rows run again, 0 lost, 0 twice")
+
+
+def test_a_failing_handler_is_retried_to_its_last_attempt_through_pgbouncer(tmp_path):
+    tag = Tag.objects.create(slug="retry-through-pgbouncer")
+    proc = runworkers("--worker", "retrying", env=through_pgbouncer(tmp_path, listen_direct=True))
+    output = Output(proc)
+    try:
+        wait_for(lambda: execution("retrying", tag).status == "failed", timeout=60)
+    finally:
+        proc.terminate()
+        assert output.wait(timeout=60) == 0, output.err
+    row = execution("retrying", tag)
+    assert row.attempts == 3, (row.attempts, output.err)
+    assert "always fails" in row.error_message
+    # Each attempt's effect was rolled back with it: the handler's writes never commit.
+    assert effects("retrying") == {}
