@@ -85,6 +85,7 @@ def engine_for(alias: str, lease_seconds: float | None = None, **options: Any) -
                               **kwargs)
     lease = float(conf.value("LEASE_SECONDS") if lease_seconds is None else lease_seconds)
     sa.event.listen(engine, "connect", lambda dbapi, record: vendor.on_connect(dbapi, lease))
+    sa.event.listen(engine, "begin", lambda conn: vendor.on_begin(conn, lease))
     return engine
 
 

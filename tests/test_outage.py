@@ -168,16 +168,17 @@ def a_deadlock_is_retried_at_once_never_an_outage():
 
 
 # -- a frozen coordinator inside a claim: the row locks it holds -----------------------------
-def rows_a_frozen_coordinator_holds_locked_wait_at_most_a_lease(tmp_path):
+def rows_a_frozen_coordinator_holds_locked_wait_at_most_a_lease(tmp_path, env=None):
     """A coordinator stopped (SIGSTOP) inside a claim holds row locks in an open
     transaction. SKIP LOCKED hides those rows from everyone else; the server ends that
     transaction after LEASE_SECONDS (idle_in_transaction_session_timeout on PostgreSQL,
-    idle_transaction_timeout on MariaDB), and another coordinator then runs them."""
+    idle_transaction_timeout on MariaDB), and another coordinator then runs them.
+    ``env``: the coordinator's settings (tests/test_pgbouncer.py: through PgBouncer)."""
     from tests.testapp.models import Stepper
 
     Stepper.objects.bulk_create([Stepper(steps=1) for _ in range(6)])
     marker = tmp_path / "frozen"
-    env = {"DBWORKER_FAILPOINT": f"coordinator.claim_locked:{marker}:stop"}
+    env = {**(env or {}), "DBWORKER_FAILPOINT": f"coordinator.claim_locked:{marker}:stop"}
     frozen = runworkers("--worker", "multi", env=env)
     try:
         wait_for(marker.exists, timeout=60)

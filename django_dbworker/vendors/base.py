@@ -189,6 +189,9 @@ class Vendor:
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
         """Run on every new coordinator connection."""
 
+    def on_begin(self, connection: Any, lease_seconds: float) -> None:
+        """Run at the start of every coordinator transaction (a SQLAlchemy Connection)."""
+
     # -- the database clock (leases compare against it, never a machine's clock) --------
     def now_sql(self) -> str:
         raise NotImplementedError
