@@ -9,7 +9,8 @@ a transaction often enough to fail such a test, so it retries until it lands out
 
 MariaDB serves information_schema.innodb_trx from a cache that it refreshes only when it
 has not been read for 0.1 s: read more often, it shows the same old snapshot every time
-(a coordinator caught once in a COMMIT would seem to stay in it). So its reads are spaced.
+(a coordinator caught once in a COMMIT would seem to stay in it). So its reads are spaced;
+the cache is the server's, so nothing else may read that table meanwhile.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from django.db import connection
 from tests.helpers import wait_for
 from tests.processes import process_state
 
+# MariaDB's cache of innodb_trx is refreshed only after this long without a read.
+INNODB_TRX_FRESH_AFTER = 0.12
+_innodb_trx_read_at = 0.0
+
 
 def freeze_between_transactions(pid: int, attempts: int = 200) -> None:
     for _ in range(attempts):
@@ -33,14 +38,10 @@ def freeze_between_transactions(pid: int, attempts: int = 200) -> None:
         if not in_a_transaction(pid):
             return
         os.kill(pid, signal.SIGCONT)
-        time.sleep(0.02 if connection.vendor != "mysql" else INNODB_TRX_FRESH_AFTER)
+        # On MariaDB, the wait for a fresh innodb_trx is spent here, while pid runs.
+        time.sleep(INNODB_TRX_FRESH_AFTER if connection.vendor == "mysql" else 0.02)
     raise AssertionError(f"process {pid} was inside a transaction at every one of "
                          f"{attempts} attempts to freeze it")
-
-
-# MariaDB's cache of innodb_trx is refreshed only after this long without a read.
-INNODB_TRX_FRESH_AFTER = 0.12
-_innodb_trx_read_at = 0.0
 
 
 def in_a_transaction(pid: int) -> bool:

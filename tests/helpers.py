@@ -29,6 +29,12 @@ def effects(worker: str) -> Counter:
     return Counter(Effect.objects.filter(worker=worker).values_list("source_id", flat=True))
 
 
+def lost_and_twice(worker: str, ids: set[str]) -> tuple[int, int]:
+    """Of the source rows ``ids``: how many have no effect, and how many more than one."""
+    counted = effects(worker)
+    return len(ids - set(counted)), sum(1 for source in ids if counted[source] > 1)
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

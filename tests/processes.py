@@ -4,7 +4,9 @@ it runs, find its worker children, restart the local PostgreSQL cluster."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -137,3 +139,35 @@ def server_stop_start(vendor: str, server_url: str) -> tuple[list[str], list[str
     port = str(urlsplit(server_url).port or 3306)
     return ([str(admin), "-uroot", "-h127.0.0.1", f"-P{port}", "shutdown"],
             ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", str(server)])
+
+
+# runworkers' start-up line on stderr: it is claiming from here on.
+BANNER = "django-dbworker coordinator"
+
+
+class Killer(threading.Thread):
+    """SIGKILLs one random worker child of the given coordinators every ~``every`` s."""
+
+    def __init__(self, coordinators: list[int], every: float = 0.3) -> None:
+        super().__init__(daemon=True)
+        self.coordinators = coordinators
+        self.every = every
+        self.stopped = threading.Event()
+        self.killed: list[int] = []
+
+    def run(self) -> None:
+        rng = random.Random()
+        while not self.stopped.wait(self.every * rng.uniform(0.5, 1.5)):
+            children = [pid for parent in self.coordinators for pid in worker_children(parent)]
+            if not children:
+                continue
+            pid = rng.choice(children)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                self.killed.append(pid)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=10)

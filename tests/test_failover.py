@@ -287,3 +287,16 @@ def test_sync_failover_with_a_stalled_standby_loses_only_the_coordinators_writes
 def test_failover_during_long_handlers_whose_queued_rows_were_given_back(pair, tmp_path):
     run_failover(pair, tmp_path, "async, long handlers", synchronous=False,
                  long_among_short=True)
+
+
+def test_the_lab_fails_over_when_told(tmp_path):
+    """scripts/lab.py failover, as a person would drive it (here from --commands): the
+    replica lags, the primary stops, the replica is promoted; every row counted after."""
+    replica.require()
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "lab.py"), "failover", "--rows", "300",
+         "--commands", "sleep 3; lag; sleep 1; failover; wait 120"],
+        env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "replica promoted" in result.stdout, result.stdout
+    assert "rows 300, finished 300, with an effect 300, twice 0" in result.stdout, result.stdout

@@ -8,13 +8,16 @@ DBWORKER_TEST_PGBOUNCER_URL). PostgreSQL only.
 - Without it: one WARNING at start ("NOTIFY does not reach ..."), then rows are found by
   the change probe and polling; a drain still runs every row exactly once.
 - The core promises through it: two coordinators claiming one worker's rows while their
-  children are SIGKILLed (claims, crash recovery by lease, each row's effect once), and a
-  failing handler retried to its last attempt.
+  children are SIGKILLed and then one coordinator is (claims, crash recovery, each row's
+  effect once), a failing handler retried to its last attempt, and a coordinator frozen
+  inside a claim, whose row locks the server ends after a lease (SET LOCAL of the idle
+  timeout: no session settings behind a pooler).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from urllib.parse import urlsplit
@@ -23,9 +26,15 @@ import pytest
 from django.db import connection
 
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from tests.helpers import effects, execution, runworkers, settings_module, wait_for
-from tests.processes import Output
-from tests.test_stress import Killer
+from tests.helpers import (
+    effects,
+    execution,
+    lost_and_twice,
+    runworkers,
+    settings_module,
+    wait_for,
+)
+from tests.processes import BANNER, Killer, Output
 from tests.testapp.models import Document, StressJob, Tag
 
 DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
@@ -153,37 +162,44 @@ def test_without_a_direct_listen_connection_it_warns_once_and_drains_by_polling(
     print(f"drained {len(docs) + 1} rows through PgBouncer by polling in {elapsed:.1f}s")
 
 
-def test_two_coordinators_through_pgbouncer_with_children_killed_run_every_row_once(tmp_path):
-    """Claims, leases and the token guard through transaction pooling: no claim or renewal
-    depends on a session (each is one transaction), so rows whose child is killed come back
-    by lease, and none runs to completion twice."""
-    rows = 300
-    StressJob.objects.bulk_create([StressJob(delay=0.02) for _ in range(rows)])
+def test_two_coordinators_through_pgbouncer_with_processes_killed_run_every_row_once(tmp_path):
+    """Claims, crash recovery and the token guard through transaction pooling: no claim
+    or renewal depends on a session (each is one transaction). Children are SIGKILLed at
+    random (their rows come back through their coordinator), then one coordinator is
+    killed outright with its children (its rows come back to the other: same host, its
+    pid gone, or by lease); no row is lost, none runs to completion twice."""
+    count = 300
+    StressJob.objects.bulk_create([StressJob(delay=0.02) for _ in range(count)])
     ids = {str(pk) for pk in StressJob.objects.values_list("pk", flat=True)}
+    rows = Execution.objects.filter(worker="stress")
     env = through_pgbouncer(tmp_path, listen_direct=True)
     procs = [runworkers("--worker", "stress", "--concurrency", "stress=2", env=env)
              for _ in range(2)]
     outputs = [Output(p) for p in procs]
-    wait_for(lambda: all("django-dbworker coordinator" in o.err for o in outputs)
+    wait_for(lambda: all(BANNER in o.err for o in outputs)
              or any(p.poll() is not None for p in procs), timeout=120, interval=0.1)
     assert all(p.poll() is None for p in procs), [o.err[-2000:] for o in outputs]
     killer = Killer([p.pid for p in procs])
     killer.start()
     try:
-        wait_for(lambda: Execution.objects.filter(worker="stress", status="finished").count()
-                 == rows or any(p.poll() is not None for p in procs), timeout=180, interval=0.2)
+        wait_for(lambda: rows.filter(status="finished").count() >= count // 3
+                 and rows.filter(status="working", claimed_by__endswith=f":{procs[0].pid}")
+                 .exists(), timeout=180, interval=0.1)
+        os.killpg(procs[0].pid, signal.SIGKILL)  # the coordinator and its children
+        wait_for(lambda: rows.filter(status="finished").count() == count
+                 or procs[1].poll() is not None, timeout=180, interval=0.2)
     finally:
         killer.stop()
-    for p in procs:
-        p.terminate()
-    assert [o.wait(timeout=120) for o in outputs] == [0, 0], [o.err[-2000:] for o in outputs]
+    procs[1].terminate()
+    codes = [o.wait(timeout=120) for o in outputs]
+    assert codes == [-signal.SIGKILL, 0], [o.err[-2000:] for o in outputs]
     assert all("prepared statement" not in o.err for o in outputs)
-    counted = effects("stress")
-    assert set(counted) == ids and set(counted.values()) == {1}  # none lost, none twice
-    assert len(killer.killed) >= 3, killer.killed
-    rerun = Execution.objects.filter(worker="stress", attempts__gt=1).count()
-    print(f"through PgBouncer: 2 coordinators x 2, {rows} rows, {len(killer.killed)} kills, "
-          f"{rerun} rows run again, 0 lost, 0 twice")
+    lost, twice = lost_and_twice("stress", ids)
+    assert (lost, twice) == (0, 0), (lost, twice)
+    rerun = rows.filter(attempts__gt=1).count()
+    assert len(killer.killed) >= 3 and rerun >= 1, (killer.killed, rerun)
+    print(f"through PgBouncer: 2 coordinators x 2, {count} rows, {len(killer.killed)} child "
+          f"kills and 1 coordinator killed, {rerun} rows run again, 0 lost, 0 twice")
 
 
 def test_a_failing_handler_is_retried_to_its_last_attempt_through_pgbouncer(tmp_path):
@@ -194,9 +210,21 @@ def test_a_failing_handler_is_retried_to_its_last_attempt_through_pgbouncer(tmp_
         wait_for(lambda: execution("retrying", tag).status == "failed", timeout=60)
     finally:
         proc.terminate()
-        assert output.wait(timeout=60) == 0, output.err
+        code = output.wait(timeout=60)
+    assert code == 0, output.err
     row = execution("retrying", tag)
     assert row.attempts == 3, (row.attempts, output.err)
     assert "always fails" in row.error_message
     # Each attempt's effect was rolled back with it: the handler's writes never commit.
     assert effects("retrying") == {}
+
+
+def test_a_coordinator_frozen_inside_a_claim_through_pgbouncer_holds_its_rows_a_lease_at_most(
+        tmp_path):
+    """Behind transaction pooling the coordinator makes no session settings; its
+    transactions set the idle timeout for themselves (SET LOCAL), so the server still ends
+    a frozen claim's transaction, and its row locks, after a lease."""
+    from tests.test_outage import rows_a_frozen_coordinator_holds_locked_wait_at_most_a_lease
+
+    rows_a_frozen_coordinator_holds_locked_wait_at_most_a_lease(
+        tmp_path, env=through_pgbouncer(tmp_path, listen_direct=True))

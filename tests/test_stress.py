@@ -6,11 +6,8 @@ so a duplicate would be counted. 4 coordinators x concurrency 2 on PostgreSQL an
 MariaDB/MySQL, 2 x 2 on SQLite (one writer at a time: more only queue on its lock).
 """
 
-import os
-import random
 import re
 import signal
-import threading
 import time
 from collections import Counter
 
@@ -19,41 +16,12 @@ from django.db import connection
 
 from django_dbworker.models import Execution
 from tests.helpers import effects, runworkers, wait_for
-from tests.processes import Output, worker_children
+from tests.processes import BANNER, Killer, Output
 from tests.testapp.models import StressJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROWS = 2000
-KILL_EVERY = 0.3
-BANNER = "django-dbworker coordinator"
-
-
-class Killer(threading.Thread):
-    """SIGKILLs one random worker child of the given coordinators every ~KILL_EVERY s."""
-
-    def __init__(self, coordinators: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.coordinators = coordinators
-        self.stopped = threading.Event()
-        self.killed: list[int] = []
-
-    def run(self) -> None:
-        rng = random.Random()
-        while not self.stopped.wait(KILL_EVERY * rng.uniform(0.5, 1.5)):
-            children = [pid for parent in self.coordinators for pid in worker_children(parent)]
-            if not children:
-                continue
-            pid = rng.choice(children)
-            try:
-                os.kill(pid, signal.SIGKILL)
-                self.killed.append(pid)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(timeout=10)
 
 
 def statuses() -> Counter:
