@@ -8,7 +8,8 @@ promote a replica at moments of your choosing, then count effects.
 ``hosts``: three (``--hosts N``) network-namespace hosts (tests/hosts.py), each running
 ``runworkers --worker stress`` over a veth network against the local PostgreSQL or MariaDB
 (DBWORKER_TEST_DB), on a database of its own that is dropped at the end.
-``failover``: a primary and its streaming replica (tests/replica.py, ports 5441/5442),
+``failover``: a primary and its streaming replica (tests/replica.py, ports 5443/5444,
+clusters of their own: dbwlab_primary, dbwlab_replica),
 DATABASES naming both with target_session_attrs=read-write, one ``runworkers`` on this host.
 
 Commands, one per line on stdin (or ``--commands "cut host-a; sleep 6; heal host-a; wait"``):
@@ -25,7 +26,9 @@ Commands, one per line on stdin (or ``--commands "cut host-a; sleep 6; heal host
     failover                 (failover) stop the primary as in a crash, promote the replica
     quit
 
-The lab exits 0 if, at the end, every row finished with exactly one effect, 1 otherwise.
+Everything the lab made (processes, namespaces, clusters, its database) is removed when it
+ends: at `quit`, end of input, Ctrl-C or SIGTERM. The lab exits 0 if, at the end, every
+row finished with exactly one effect, 1 otherwise.
 Every handler inserts its effect in the run's transaction, so "twice" counts rows whose
 business effect committed more than once, and "lost" rows that finished without one.
 """
@@ -157,7 +160,11 @@ class Lab(ABC):
         lines: Iterator[str] = iter(script.replace(";", "\n").splitlines()) if script \
             else _prompted()
         for line in lines:
-            words = shlex.split(line)
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                print(f"  {line.strip()!r}: {exc}", flush=True)
+                continue
             if not words:
                 continue
             if words[0] == "quit":
@@ -168,9 +175,13 @@ class Lab(ABC):
             print(f"> {line.strip()}", flush=True)
             try:
                 commands[words[0]](*words[1:])
-            except (TypeError, ValueError) as exc:
-                print(f"  {words[0]}: {exc}", flush=True)
-        counts = self.status()
+            except Exception as exc:  # noqa: BLE001 - a command failed; the lab goes on
+                print(f"  {words[0]}: {exc.__class__.__name__}: {exc}", flush=True)
+        try:
+            counts = self.status()
+        except Exception as exc:  # noqa: BLE001 - the database is away: say so, clean up
+            print(f"could not count: {exc.__class__.__name__}: {exc}")
+            return 1
         good = counts["finished"] == counts["rows"] and counts["twice"] == counts["lost"] == 0
         print("every row finished once" if good else "NOT every row finished exactly once")
         return 0 if good else 1
@@ -195,11 +206,9 @@ class HostsLab(Lab):
 
         super().__init__(query, delay)
         self.hosts = {h.name: h for h in hosts}
-        for name in self.hosts:
-            self.start(name)
 
     def start(self, name: str | None) -> None:
-        name = name or next(iter(self.hosts))
+        name = self.host(name or next(iter(self.hosts))).name
         self.coordinators[name] = self.hosts[name].runworkers("--worker", "stress")
         print(f"  {name}: runworkers {self.coordinators[name].pid} "
               f"(log {getattr(self.coordinators[name], 'log', '-')})", flush=True)
@@ -209,10 +218,15 @@ class HostsLab(Lab):
 
         StressJob.objects.bulk_create([StressJob(delay=self.delay) for _ in range(n)])
 
+    def host(self, name: str):
+        if name not in self.hosts:
+            raise ValueError(f"no host {name!r}: one of {sorted(self.hosts)}")
+        return self.hosts[name]
+
     def commands(self) -> dict[str, Callable[..., object]]:
         return {**super().commands(),
-                "cut": lambda name: self.hosts[name].cut(),
-                "heal": lambda name: self.hosts[name].heal()}
+                "cut": lambda name: self.host(name).cut(),
+                "heal": lambda name: self.host(name).heal()}
 
 
 class FailoverLab(Lab):
@@ -221,7 +235,6 @@ class FailoverLab(Lab):
         self.pair = pair
         self.env = env
         self.outputs: list = []
-        self.start("local")
 
     def start(self, name: str | None) -> None:
         from tests.helpers import runworkers
@@ -238,6 +251,8 @@ class FailoverLab(Lab):
                                 database=FAILOVER_DATABASE)
 
     def failover(self) -> None:
+        if self.pair.failed_over:
+            raise ValueError("already failed over: the replica is the primary now")
         self.pair.stop_primary()
         stopped = time.monotonic()
         self.pair.promote()
@@ -245,8 +260,12 @@ class FailoverLab(Lab):
               flush=True)
 
     def commands(self) -> dict[str, Callable[..., object]]:
-        return {**super().commands(), "lag": lambda: self.pair.cut_replication(),
-                "failover": lambda: self.failover()}
+        return {**super().commands(), "lag": lambda: self.lag(), "failover": lambda: self.failover()}
+
+    def lag(self) -> None:
+        if self.pair.failed_over:
+            raise ValueError("after a failover there is no replica left to lag")
+        self.pair.cut_replication()
 
     def stderr(self) -> str:
         return "".join(o.err for o in self.outputs)
@@ -273,9 +292,12 @@ def hosts_lab(args: argparse.Namespace) -> Iterator[Lab]:
     try:
         with Hosts(names, Path(tempfile.mkdtemp(prefix="dbworker-lab-"))) as hosts:
             lab = HostsLab(hosts, args.delay)
+            for name in names:
+                lab.start(name)
             lab.add(args.rows)
             yield lab
     finally:
+        # After Hosts has stopped every coordinator: nothing is connected to it any more.
         connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
@@ -289,21 +311,24 @@ def failover_lab(args: argparse.Namespace) -> Iterator[Lab]:
     from tests import replica
     from tests.helpers import kill_started, settings_module, subprocess_env
 
-    require(replica.unavailable((5441, 5442)))
-    with replica.ReplicaPair() as pair:
+    # A pair of the lab's own: never the clusters a test run may be using.
+    require(replica.unavailable((5443, 5444), prefix="dbwlab"))
+    with replica.ReplicaPair(5443, 5444, prefix="dbwlab") as pair:
         pair.primary.query(f"CREATE DATABASE {FAILOVER_DATABASE}")
-        env = settings_module(Path(tempfile.mkdtemp(prefix="dbworker-lab-")), (
+        workdir = Path(tempfile.mkdtemp(prefix="dbworker-lab-"))
+        env = settings_module(workdir, (
             f"DATABASES = {{'default': {{'ENGINE': 'django.db.backends.postgresql', "
             f"'NAME': {FAILOVER_DATABASE!r}, **{pair.host_settings()!r}}}}}\n"))
         subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT,
                        env=subprocess_env(**env), check=True, timeout=180)
         lab = FailoverLab(pair, env, args.delay)
         try:
+            lab.start("local")
             lab.add(args.rows)
             yield lab
         finally:
             kill_started()
-            log = Path(tempfile.gettempdir(), "dbworker-lab-runworkers.log")
+            log = workdir / "runworkers.log"
             log.write_text(lab.stderr())
             print(f"runworkers' log: {log}")
 
@@ -323,8 +348,21 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=3, help="hosts (3)")
     parser.add_argument("--commands", help="commands separated by ';' instead of stdin")
     args = parser.parse_args()
-    with (hosts_lab if args.kind == "hosts" else failover_lab)(args) as lab:
-        return lab.run(args.commands)
+    # Ctrl-C, SIGTERM and SIGHUP (a closed terminal) end the lab through the clean-up of
+    # everything it made; a second signal during that clean-up is ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupted)
+    try:
+        with (hosts_lab if args.kind == "hosts" else failover_lab)(args) as lab:
+            return lab.run(args.commands)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    for ignored in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(ignored, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -48,6 +48,23 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_lab(*args: str, timeout: float, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+    """``scripts/lab.py ARGS``; past ``timeout`` it gets SIGTERM, which it answers by
+    removing what it made (namespaces, clusters, its database) before it exits."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "lab.py"), *args],
+                            env={**os.environ, **(env or {})}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=180)
+        raise AssertionError(f"scripts/lab.py {' '.join(args)} ran past {timeout}s:\n{out}{err}"
+                             ) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 STARTED: list[subprocess.Popen] = []
 
 

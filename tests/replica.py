@@ -17,6 +17,7 @@ them ``require()`` skips the calling test with the reason (a failure with CI=tru
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import socket
@@ -48,7 +49,7 @@ def _listening(port: int) -> bool:
         return False
 
 
-def unavailable(ports: tuple[int, ...] = ()) -> str | None:
+def unavailable(ports: tuple[int, ...] = (), prefix: str = "dbw") -> str | None:
     """Why this machine cannot make a primary/replica pair (None: it can)."""
     if not sys.platform.startswith("linux"):
         return f"the pair is made with Debian's postgresql-common (this is {sys.platform})"
@@ -66,26 +67,26 @@ def unavailable(ports: tuple[int, ...] = ()) -> str | None:
     except ImportError:
         return "psycopg is not installed"
     for port in ports:
-        if _listening(port) and not _ours_on(port):
+        if _listening(port) and not _ours_on(port, prefix):
             return f"port {port} is taken by something else than this harness's clusters"
     return None
 
 
-def _ours_on(port: int) -> bool:
-    """A leftover cluster of this harness listens on ``port``."""
-    for name in ("dbw_primary", "dbw_replica"):
+def _ours_on(port: int, prefix: str) -> bool:
+    """A leftover cluster of this harness (its pair ``prefix``) listens on ``port``."""
+    for name in (f"{prefix}_primary", f"{prefix}_replica"):
         conf = Path(f"/etc/postgresql/{VERSION}/{name}/postgresql.conf")
         if conf.exists() and f"port = {port}" in conf.read_text():
             return True
     return False
 
 
-def require(ports: tuple[int, ...] = (5441, 5442)) -> None:
+def require(ports: tuple[int, ...] = (5441, 5442), prefix: str = "dbw") -> None:
     """Skip the calling test, with the reason, where the pair cannot be made; with CI=true
     fail it instead: CI must run these tests."""
     from tests.helpers import skip_or_fail
 
-    reason = unavailable(ports)
+    reason = unavailable(ports, prefix)
     if reason is not None:
         skip_or_fail("make a PostgreSQL primary/replica pair", reason)
 
@@ -170,9 +171,21 @@ class ReplicaPair:
         self.primary = Cluster(f"{prefix}_primary", primary_port)
         self.replica = Cluster(f"{prefix}_replica", replica_port)
         self.failed_over = False
+        self.lock_path = Path(f"/run/dbworker-replica-{prefix}.lock")
+        self._lock: int | None = None
 
     # -- making and removing --------------------------------------------------------------
     def __enter__(self) -> ReplicaPair:
+        # One run at a time per pair: create() drops the clusters of that name first
+        # (a killed run's leftovers), which must never be another live run's.
+        fd = os.open(self.lock_path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"another run holds the {self.primary.name}/"
+                               f"{self.replica.name} pair ({self.lock_path})") from None
+        self._lock = fd
         _LIVE.append(self)
         try:
             self.create()
@@ -185,7 +198,7 @@ class ReplicaPair:
         self.close()
 
     def create(self) -> None:
-        self.close()  # leftovers of a run killed outright
+        self._drop()  # leftovers of a run killed outright
         self.primary.create()
         self.primary.start()
         self.primary.query("SELECT pg_create_physical_replication_slot(%s)", (SLOT,))
@@ -202,11 +215,17 @@ class ReplicaPair:
         self.replica.start()
         self.wait_streaming()
 
-    def close(self) -> None:
+    def _drop(self) -> None:
         for cluster in (self.replica, self.primary):
             cluster.drop()
+
+    def close(self) -> None:
+        self._drop()
         if self in _LIVE:
             _LIVE.remove(self)
+        if self._lock is not None:
+            os.close(self._lock)  # (the lock goes with it)
+            self._lock = None
 
     # -- watching -------------------------------------------------------------------------
     def host_settings(self) -> dict:

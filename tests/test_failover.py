@@ -48,7 +48,7 @@ from collections import Counter
 import pytest
 
 from tests import replica
-from tests.helpers import ROOT, runworkers, settings_module, subprocess_env, wait_for
+from tests.helpers import ROOT, run_lab, runworkers, settings_module, subprocess_env, wait_for
 from tests.processes import Output
 
 DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
@@ -292,11 +292,9 @@ def test_failover_during_long_handlers_whose_queued_rows_were_given_back(pair, t
 def test_the_lab_fails_over_when_told(tmp_path):
     """scripts/lab.py failover, as a person would drive it (here from --commands): the
     replica lags, the primary stops, the replica is promoted; every row counted after."""
-    replica.require()
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "lab.py"), "failover", "--rows", "300",
-         "--commands", "sleep 3; lag; sleep 1; failover; wait 120"],
-        env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    replica.require((5443, 5444), prefix="dbwlab")
+    result = run_lab("failover", "--rows", "300", "--commands",
+                     "sleep 3; lag; sleep 1; failover; wait 120", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "replica promoted" in result.stdout, result.stdout
     assert "rows 300, finished 300, with an effect 300, twice 0" in result.stdout, result.stdout

@@ -182,10 +182,13 @@ def test_two_coordinators_through_pgbouncer_with_processes_killed_run_every_row_
     killer = Killer([p.pid for p in procs])
     killer.start()
     try:
-        wait_for(lambda: rows.filter(status="finished").count() >= count // 3
-                 and rows.filter(status="working", claimed_by__endswith=f":{procs[0].pid}")
-                 .exists(), timeout=180, interval=0.1)
+        wait_for(lambda: (rows.filter(status="finished").count() >= count // 3
+                          and rows.filter(status="working",
+                                          claimed_by__endswith=f":{procs[0].pid}").exists())
+                 or any(p.poll() is not None for p in procs), timeout=180, interval=0.1)
+        assert all(p.poll() is None for p in procs), [o.err[-2000:] for o in outputs]
         os.killpg(procs[0].pid, signal.SIGKILL)  # the coordinator and its children
+        procs[0].wait(timeout=30)  # reaped: its pid is gone (a zombie would seem alive)
         wait_for(lambda: rows.filter(status="finished").count() == count
                  or procs[1].poll() is not None, timeout=180, interval=0.2)
     finally:

@@ -109,7 +109,7 @@ class PostgreSQL(Vendor):
     def on_begin(self, connection: Any, lease_seconds: float) -> None:
         if not self.behind_transaction_pooler():
             return  # on_connect made them for the session
-        if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        if connection.connection.dbapi_connection.autocommit:
             return  # one statement, no transaction block for SET LOCAL to live in
         # on_connect's two settings, for this transaction only (SET LOCAL): they end with
         # it, so nothing stays on the pooler's server connection. One more round trip per
