@@ -85,8 +85,17 @@ def engine_for(alias: str, lease_seconds: float | None = None, **options: Any) -
                               **kwargs)
     lease = float(conf.value("LEASE_SECONDS") if lease_seconds is None else lease_seconds)
     sa.event.listen(engine, "connect", lambda dbapi, record: vendor.on_connect(dbapi, lease))
-    sa.event.listen(engine, "begin", lambda conn: vendor.on_begin(conn, lease))
+    settings = vendor.transaction_settings(lease)
+    if settings is not None:  # (a listener only where needed: it runs on every claim)
+        sa.event.listen(engine, "begin", lambda conn: _set_locally(conn, *settings))
     return engine
+
+
+def _set_locally(conn: Connection, sql: str, params: tuple[Any, ...]) -> None:
+    # SET LOCAL lives in a transaction block: a connection in autocommit (a claim that
+    # is one statement) has none, and holds no lock between statements anyway.
+    if not conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
+        conn.exec_driver_sql(sql, params)
 
 
 _BIND_COLON = re.compile(r"(?<![:\w\\]):(?=\w)")

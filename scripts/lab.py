@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shlex
 import signal
 import subprocess
@@ -115,16 +114,12 @@ class Lab(ABC):
         return name, self.coordinators[name]
 
     def kill_child(self, name: str | None) -> None:
-        from tests.processes import worker_children
+        from tests.processes import kill_one_child
 
         name, proc = self.coordinator(name)
-        children = worker_children(proc.pid)
-        if not children:
-            print(f"  {name}: no worker child to kill", flush=True)
-            return
-        pid = random.choice(children)
-        os.kill(pid, signal.SIGKILL)
-        print(f"  {name}: killed child {pid}", flush=True)
+        pid = kill_one_child([proc.pid])
+        print(f"  {name}: killed child {pid}" if pid else f"  {name}: no worker child to kill",
+              flush=True)
 
     def kill_coordinator(self, name: str | None) -> None:
         name, proc = self.coordinator(name)

@@ -141,6 +141,19 @@ def server_stop_start(vendor: str, server_url: str) -> tuple[list[str], list[str
             ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", str(server)])
 
 
+def kill_one_child(coordinators: list[int], rng: random.Random | None = None) -> int | None:
+    """SIGKILL one random worker child of these coordinators; its pid (None: none alive)."""
+    children = [pid for parent in coordinators for pid in worker_children(parent)]
+    if not children:
+        return None
+    pid = (rng or random).choice(children)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
 # runworkers' start-up line on stderr: it is claiming from here on.
 BANNER = "django-dbworker coordinator"
 
@@ -158,15 +171,9 @@ class Killer(threading.Thread):
     def run(self) -> None:
         rng = random.Random()
         while not self.stopped.wait(self.every * rng.uniform(0.5, 1.5)):
-            children = [pid for parent in self.coordinators for pid in worker_children(parent)]
-            if not children:
-                continue
-            pid = rng.choice(children)
-            try:
-                os.kill(pid, signal.SIGKILL)
+            pid = kill_one_child(self.coordinators, rng)
+            if pid is not None:
                 self.killed.append(pid)
-            except ProcessLookupError:
-                pass
 
     def stop(self) -> None:
         self.stopped.set()

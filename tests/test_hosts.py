@@ -26,6 +26,7 @@ from tests.helpers import (
     lost_and_twice,
     run_lab,
     settings_module,
+    subprocess_env,
     wait_for,
 )
 from tests.hosts import Host, Hosts, at_pids, pid_namespace_members, require
@@ -229,9 +230,6 @@ def test_three_hosts_under_child_kills_and_a_partition_lose_nothing_and_run_noth
 # -- (c) containers: PID namespaces sharing one host name -----------------------------------
 def _container(host: Host, pids: list[int], env: dict[str, str], name: str):
     """A new PID namespace in ``host`` whose runworkers coordinators have these pids."""
-
-    from tests.helpers import subprocess_env
-
     full = subprocess_env(**host.hosts.database_env())
     full.update(env)
     argv = at_pids(pids, [sys.executable, "-m", "django", "runworkers", "--worker", "docs"])

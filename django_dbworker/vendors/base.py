@@ -189,8 +189,10 @@ class Vendor:
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
         """Run on every new coordinator connection."""
 
-    def on_begin(self, connection: Any, lease_seconds: float) -> None:
-        """Run at the start of every coordinator transaction (a SQLAlchemy Connection)."""
+    def transaction_settings(self, lease_seconds: float) -> tuple[str, tuple[Any, ...]] | None:
+        """A statement (and its parameters) that each coordinator transaction runs first,
+        for settings on_connect cannot make for the session; None (the usual case): none."""
+        return None
 
     # -- the database clock (leases compare against it, never a machine's clock) --------
     def now_sql(self) -> str:

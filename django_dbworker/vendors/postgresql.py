@@ -88,8 +88,8 @@ class PostgreSQL(Vendor):
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
         if self.behind_transaction_pooler():
             # Session settings would stay on whichever server connection ran them, for
-            # other clients of the pooler (your web processes) too: on_begin makes them
-            # for each transaction instead.
+            # other clients of the pooler (your web processes) too: each transaction
+            # makes them for itself instead (transaction_settings).
             return
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
@@ -106,18 +106,15 @@ class PostgreSQL(Vendor):
             f"SET idle_in_transaction_session_timeout = {_idle_milliseconds(lease_seconds)}")
         dbapi_connection.autocommit = autocommit
 
-    def on_begin(self, connection: Any, lease_seconds: float) -> None:
+    def transaction_settings(self, lease_seconds: float) -> tuple[str, tuple[Any, ...]] | None:
         if not self.behind_transaction_pooler():
-            return  # on_connect made them for the session
-        if connection.connection.dbapi_connection.autocommit:
-            return  # one statement, no transaction block for SET LOCAL to live in
-        # on_connect's two settings, for this transaction only (SET LOCAL): they end with
+            return None  # on_connect made them for the session
+        # on_connect's two settings, for each transaction only (SET LOCAL): they end with
         # it, so nothing stays on the pooler's server connection. One more round trip per
         # transaction, behind a pooler only.
-        connection.exec_driver_sql(
-            "SELECT set_config('synchronous_commit', 'off', true), "
-            "set_config('idle_in_transaction_session_timeout', %s, true)",
-            (str(_idle_milliseconds(lease_seconds)),))
+        return ("SELECT set_config('synchronous_commit', 'off', true), "
+                "set_config('idle_in_transaction_session_timeout', %s, true)",
+                (str(_idle_milliseconds(lease_seconds)),))
 
     def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
         # A transaction-scoped advisory lock in a class of its own (so as not to meet
