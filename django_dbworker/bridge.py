@@ -119,12 +119,32 @@ def django_sql_to_text(sql: str, params: Sequence[Any], prefix: str = "dbw_p") -
     return clause.bindparams(*[sa.bindparam(k, v) for k, v in binds.items()]) if binds else clause
 
 
+TOKEN, CLAIMER, IDS = "dbw_token", "dbw_claimer", "dbw_ids"  # a claim's parameters
+
+
 @dataclass(frozen=True)
 class OrderTerm:
     alias: str
     descending: bool
     nulls_first: bool
     nulls_last: bool
+
+
+@dataclass(frozen=True)
+class EligibleSql:
+    """A worker's eligible() QuerySet compiled by Django, with its sort terms."""
+    sql: str
+    params: tuple[Any, ...]
+    terms: tuple[OrderTerm, ...]
+
+
+@dataclass(frozen=True)
+class ClaimStatement:
+    """A worker's claim statements for one limit and one eligible SQL (``key``)."""
+    key: Any
+    strategy: str
+    select: sa.Select[Any] | None  # the locking read (the strategies that UPDATE after it)
+    update: Any
 
 
 def ordering_terms(order_by: Iterable[Any]) -> tuple[dict[str, BaseExpression], list[OrderTerm]]:
@@ -169,6 +189,7 @@ class Bridge:
         self._sources: dict[str, sa.Table] = {}
         self.listen_engine: Engine | None = None  # (DBWORKER["LISTEN_DATABASE"])
         self._probe: Any = None  # raw connection of change_token()
+        self._claims: dict[str, ClaimStatement] = {}  # worker -> its claim, built
 
     def close(self) -> None:
         if self._probe is not None:
@@ -209,27 +230,38 @@ class Bridge:
             return select.with_for_update(skip_locked=True)
         return select  # one writer at a time (SQLite): the UPDATEs re-check instead
 
+    def eligible_sql(self, worker: Worker) -> EligibleSql | None:
+        """The worker's eligible() as Django compiles it now (None: every row is)."""
+        if worker.eligible is None:
+            return None
+        qs = worker.eligible_queryset()
+        annotations, terms = ordering_terms(qs.query.order_by)
+        values = qs.order_by().values(dbw_pk=F("pk"), **annotations)
+        sql, params = values.query.get_compiler(using=self.alias).as_sql()
+        return EligibleSql(sql, tuple(params), tuple(terms))
+
     def candidates(self, worker: Worker, limit: int) -> tuple[sa.Select[Any], bool]:
         """Claimable, eligible rows of ``worker``, in claim order, at most ``limit``;
         and whether that order is a custom one (else creation order, by id)."""
+        return self._candidates(worker, limit, self.eligible_sql(worker))
+
+    def _candidates(self, worker: Worker, limit: int,
+                    compiled: EligibleSql | None) -> tuple[sa.Select[Any], bool]:
         e = self.execution
         # Served by the index on (claimable_worker, id) that holds claimable rows only
         # (rows waiting for a due time are not in it: see promote_due).
         stmt = sa.select(e.c.id, e.c.source_id, e.c.status, e.c.attempts, e.c.ready_at).where(
             e.c.claimable_worker == worker.name)
         default_order = [e.c.priority.desc(), e.c.id] if worker.prioritized else [e.c.id]
-        qs = worker.eligible_queryset() if worker.eligible is not None else None
-        annotations, terms = ordering_terms(qs.query.order_by) if qs is not None else ({}, [])
+        terms = list(compiled.terms) if compiled is not None else []
         index = ("dbworker_claimable_priority" if worker.prioritized and not terms
                  else "dbworker_claimable")
         hint = self.vendor.index_hint(index)
         if hint:
             stmt = stmt.with_hint(e, hint)
-        if qs is None:
+        if compiled is None:
             return stmt.order_by(*default_order).limit(limit), False
-        values = qs.order_by().values(dbw_pk=F("pk"), **annotations)
-        sql, params = values.query.get_compiler(using=self.alias).as_sql()
-        eligible = django_sql_to_text(sql, params).columns(
+        eligible_text = django_sql_to_text(compiled.sql, compiled.params).columns(
             sa.column("dbw_pk"), *[sa.column(t.alias) for t in terms]
         )
         key = self.source_key(worker)
@@ -238,7 +270,7 @@ class Bridge:
         # (SQLite would build a whole IN list, every eligible source row, i.e. the
         # history, before each claim; PostgreSQL, given a join, may hash the whole
         # source when its statistics are stale.)
-        sub = eligible.subquery("dbw_eligible")
+        sub = eligible_text.subquery("dbw_eligible")
         probe: sa.Select[Any] = sa.select(sa.literal_column("1")).select_from(sub).where(sub.c.dbw_pk == key)
         if self.vendor.fence_exists:
             probe = probe.offset(0)
@@ -249,7 +281,7 @@ class Bridge:
         # primary key, so sorting costs grow with the claimable backlog, never with the
         # history or the source table.
         keys = {
-            t.alias: self._sort_key(eligible, t.alias, key) for t in terms
+            t.alias: self._sort_key(eligible_text, t.alias, key) for t in terms
         }
         return (
             stmt.order_by(*self._order_clauses(keys, terms), e.c.id).limit(limit)
@@ -273,16 +305,16 @@ class Bridge:
             clauses.append(clause)
         return clauses
 
-    def _claim_values(self, token: str, claimer: str) -> dict[str, Any]:
+    def _claim_values(self) -> dict[str, Any]:
         e = self.execution
         return {
             "status": WORKING,
-            "claim_token": token,
+            "claim_token": sa.bindparam(TOKEN),
             "lease_expires_at": self.lease_expiry(),
             "attempts": e.c.attempts + 1,
             "started_at": self.now(),
             "updated_at": self.now(),
-            "claimed_by": claimer,
+            "claimed_by": sa.bindparam(CLAIMER),
             "rerun_requested": False,
         }
 
@@ -292,53 +324,76 @@ class Bridge:
         if limit <= 0:
             return []
         token = new_token()
-        stmt, custom_order = self.candidates(worker, limit)
-        strategy = self.vendor.ordered_claim_strategy if custom_order else self.vendor.claim_strategy
-        rows = CLAIM_STRATEGIES[strategy](self, worker, stmt, self._claim_values(token, claimer))
+        built = self._claim_statement(worker, limit)
+        rows = CLAIM_STRATEGIES[built.strategy](self, built, {TOKEN: token, CLAIMER: claimer})
         return [Claim(r[0], r[1], token, r[2], r[3], _epoch(r[4])) for r in rows]
 
-    def _claim_returning(self, worker: Worker, stmt: sa.Select[Any],
-                         values: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
-        """One statement: lock the candidates (skipping rows others hold), claim them."""
+    def _claim_statement(self, worker: Worker, limit: int) -> ClaimStatement:
+        """The worker's claim, built again only when the limit or the eligible SQL
+        changed: SQLAlchemy takes longer to build it than the database to run it."""
+        eligible = self.eligible_sql(worker)
+        key = (limit, eligible)
+        built = self._claims.get(worker.name)
+        try:
+            if built is not None and built.key == key:
+                return built
+        except TypeError:  # a parameter that cannot be compared (then built each time)
+            pass
         e = self.execution
-        picked = self._locked(stmt).cte("dbw_claim")
-        update = (sa.update(e).where(e.c.id == picked.c.id).values(**values)
-                  .returning(e.c.id, e.c.source_id, picked.c.status, e.c.attempts,
-                             picked.c.ready_at, e.c.priority))
+        stmt, custom_order = self._candidates(worker, limit, eligible)
+        strategy = self.vendor.ordered_claim_strategy if custom_order else self.vendor.claim_strategy
+        values = self._claim_values()
+        ids = e.c.id.in_(sa.bindparam(IDS, expanding=True))
+        update: Any
+        if strategy == "returning":
+            picked = self._locked(stmt).cte("dbw_claim")
+            select, update = None, (
+                sa.update(e).where(e.c.id == picked.c.id).values(**values)
+                .returning(e.c.id, e.c.source_id, picked.c.status, e.c.attempts,
+                           picked.c.ready_at, e.c.priority))
+        elif strategy == "lock_then_update":
+            select, update = self._locked(stmt), sa.update(e).where(ids).values(**values)
+        else:  # the UPDATE re-checks claimability (the guard)
+            select, update = stmt, (sa.update(e).where(ids, e.c.claimable_worker == worker.name)
+                                    .values(**values))
+        built = ClaimStatement(key, strategy, select, update)
+        self._claims[worker.name] = built
+        return built
+
+    def _claim_returning(self, built: ClaimStatement,
+                         params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+        """One statement: lock the candidates (skipping rows others hold), claim them."""
         # One statement is its own transaction: in autocommit it is one round trip,
         # where BEGIN ... COMMIT around it made three (a third of pickup latency).
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            rows = list(conn.execute(update))
+            rows = list(conn.execute(built.update, params))
         # RETURNING has no order: put back the claim order (priority, then creation).
         rows.sort(key=lambda r: (-r[5], r[0]))
         return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
-    def _claim_lock_then_update(self, worker: Worker, stmt: sa.Select[Any],
-                                values: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+    def _claim_lock_then_update(self, built: ClaimStatement,
+                                params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
         """Lock, then claim: the SELECT keeps a custom order, which RETURNING would not."""
-        e = self.execution
+        assert built.select is not None
         with self.engine.begin() as conn:
-            rows = conn.execute(self._locked(stmt)).all()
+            rows = conn.execute(built.select).all()
             failpoints.reached("coordinator.claim_locked")
             if rows:
-                conn.execute(sa.update(e).where(e.c.id.in_([r.id for r in rows]))
-                             .values(**values))
+                conn.execute(built.update, {**params, IDS: [r.id for r in rows]})
         return [(r[0], r[1], r[2], r[3] + 1, r[4]) for r in rows]  # attempts read before
 
-    def _claim_immediate_then_update(self, worker: Worker, stmt: sa.Select[Any],
-                                     values: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+    def _claim_immediate_then_update(self, built: ClaimStatement,
+                                     params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
         """One writer at a time: BEGIN IMMEDIATE takes the write lock before reading, so
         the rows read are still claimable when the UPDATE runs; the UPDATE re-checks
         claimability anyway (the guard)."""
-        e = self.execution
+        assert built.select is not None
         with self.engine.connect() as conn:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
             try:
-                rows = conn.execute(stmt).all()
+                rows = conn.execute(built.select).all()
                 if rows:
-                    conn.execute(sa.update(e).where(e.c.id.in_([r.id for r in rows]),
-                                                    e.c.claimable_worker == worker.name)
-                                 .values(**values))
+                    conn.execute(built.update, {**params, IDS: [r.id for r in rows]})
                 conn.exec_driver_sql("COMMIT")
             except BaseException:
                 conn.exec_driver_sql("ROLLBACK")
