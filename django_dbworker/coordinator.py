@@ -271,6 +271,8 @@ class Coordinator:
                     self.wakeups.wake(pool.worker.name)
             if self.health.available(now):
                 if not self._stopping:
+                    # First: a change it reports is claimed in this pass, not the next.
+                    self.wakeups.probe(self.bridge, now)
                     if self.scheduler:
                         self.health.call(self.scheduler.run)
                     for name in self.due.promote_due(self.workers, now):
@@ -290,14 +292,12 @@ class Coordinator:
                     next_pauses = now + (self.settings.max_poll_seconds
                                          if self.wakeups.listener is not None
                                          else self.settings.poll_seconds)
-                if not self._stopping:
-                    self.wakeups.probe(self.bridge, now)
             if now >= next_status:
                 logger.info("Status: %s", self.stats_line())
                 next_status = now + self.settings.status_interval
             if drain and self._drained():
                 return
-            self._wait(self._timeout(now, next_renew))
+            self._wait(now + self._timeout(now, next_renew))
 
     def _stopped(self, now: float) -> bool:
         """While stopping: whether every handler finished and every row went back."""
@@ -352,9 +352,6 @@ class Coordinator:
             slot = self.scheduler.due_at() if self.scheduler else None
             if slot is not None:  # (wall clock, for cron times; the loop waits in monotonic)
                 deadlines.append(now + max((slot - datetime.now(UTC)).total_seconds(), 0.0))
-            probe = self.wakeups.deadline()
-            if probe is not None:
-                deadlines.append(probe)
         health = self.health.deadline()
         if health is not None:
             deadlines.append(health)
@@ -364,12 +361,26 @@ class Coordinator:
         future = [d for d in deadlines if d > now]
         return min(min(future) - now, self.settings.max_poll_seconds) if future else 0.0
 
-    def _wait(self, timeout: float) -> None:
-        for owner, ready in self.watcher.wait(self.pools, self.wakeups.listener, timeout):
-            if owner is not None:
-                self.events.handle(owner, owner.on_ready(ready))
-            elif self.wakeups.on_notify():
-                self.health.call(self.paused.refresh)
+    def _wait(self, until: float) -> None:
+        """Wait until ``until`` or until something happens. Where there is no NOTIFY,
+        the change probe runs between waits: an idle coordinator pays one query per
+        probe, not a whole pass of the loop, and a change it sees ends the wait."""
+        while True:
+            probe_at = None if self._stopping else self.wakeups.deadline()
+            now = time.monotonic()
+            end = until if probe_at is None else min(until, probe_at)
+            ready = self.watcher.wait(self.pools, self.wakeups.listener, max(end - now, 0.0))
+            for owner, handle in ready:
+                if owner is not None:
+                    self.events.handle(owner, owner.on_ready(handle))
+                elif self.wakeups.on_notify():
+                    self.health.call(self.paused.refresh)
+            now = time.monotonic()
+            if ready or self._stopping or now >= until or probe_at is None:
+                return
+            assert self.bridge is not None
+            if not self.health.available(now) or self.wakeups.probe(self.bridge, now):
+                return
 
     # -- leases -------------------------------------------------------------------------
     def _renew(self) -> None:

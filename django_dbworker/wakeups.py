@@ -87,18 +87,23 @@ class Wakeups:
             self.listener = None
 
     # -- no NOTIFY: the change probe ---------------------------------------------------------
-    def probe(self, bridge: Bridge, now: float) -> None:
+    def probe(self, bridge: Bridge, now: float) -> bool:
         """Has anything changed since the last look? One cheap query, so that the first
-        row after a long idle is picked up as fast as the next one."""
+        row after a long idle is picked up as fast as the next one. True if it woke the
+        workers (or the query failed: the loop must see the outage)."""
         if self.listener is not None or now < self.next_probe:
-            return
+            return False
         self.next_probe = now + self.settings.probe_seconds
         answer = self.health.call(lambda: (bridge.change_token(),))  # None: it failed
-        if answer is not None and answer[0] != self._token:
-            token = answer[0]
-            if self._token is not _UNSEEN:
-                self.wake_all()
-            self._token = token
+        if answer is None:
+            return True
+        if answer[0] == self._token:
+            return False
+        woke = self._token is not _UNSEEN
+        if woke:
+            self.wake_all()
+        self._token = answer[0]
+        return woke
 
     def deadline(self) -> float | None:
         """When the loop must look again for the probe's sake (None: NOTIFY wakes it)."""
