@@ -595,9 +595,10 @@ class Bridge:
             conn.execute(sa.delete(h).where(h.c.id == coordinator_id))
 
     # -- change detection (where the database cannot notify) -----------------------------
-    def change_token(self) -> Any:
-        """The answer of the vendor's change probe, on a raw connection kept for it (no
-        pool, no SQLAlchemy statement: it runs every PROBE_SECONDS while idle)."""
+    def change_token(self) -> tuple[Any, ...]:
+        """The answer of the vendor's change probe (new rows, then pauses), on a raw
+        connection kept for it (no pool, no SQLAlchemy statement: it runs every
+        PROBE_SECONDS while idle)."""
         try:
             if self._probe is None:  # (connecting fails with the driver's error, too)
                 raw = self.engine.raw_connection()
@@ -612,7 +613,7 @@ class Bridge:
                 self._probe.invalidate()
                 self._probe = None
             raise sa.exc.OperationalError("change probe", None, exc) from exc
-        return row[0] if row else None
+        return tuple(row)
 
     @staticmethod
     def _set_autocommit(connection: Any) -> None:

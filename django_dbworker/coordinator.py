@@ -36,7 +36,7 @@ from .registry import Worker, registry
 from .releases import ReleaseQueue
 from .schedules import Scheduler
 from .vendors import for_connection
-from .wakeups import Wakeups
+from .wakeups import Probed, Wakeups
 from .watching import Watcher
 
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ class Coordinator:
             if self.health.available(now):
                 if not self._stopping:
                     # First: a change it reports is claimed in this pass, not the next.
-                    self.wakeups.probe(self.bridge, now)
+                    self._probe(now)
                     if self.scheduler:
                         self.health.call(self.scheduler.run)
                     for name in self.due.promote_due(self.workers, now):
@@ -286,12 +286,10 @@ class Coordinator:
                     self.health.call(self.watchman.run, self._coordinator_id)
                     next_recover = now + recover_every
                 if now >= next_pauses:
+                    # Only the fallback: NOTIFY announces each pause at once, and where
+                    # there is none the change probe sees it.
                     self.health.call(self.paused.refresh)
-                    # While NOTIFY arrives it announces every pause at once: this read is
-                    # then only the fallback, not a query every poll.
-                    next_pauses = now + (self.settings.max_poll_seconds
-                                         if self.wakeups.listener is not None
-                                         else self.settings.poll_seconds)
+                    next_pauses = now + self.settings.max_poll_seconds
             if now >= next_status:
                 logger.info("Status: %s", self.stats_line())
                 next_status = now + self.settings.status_interval
@@ -366,8 +364,10 @@ class Coordinator:
         the change probe runs between waits: an idle coordinator pays one query per
         probe, not a whole pass of the loop, and a change it sees ends the wait."""
         while True:
-            probe_at = None if self._stopping else self.wakeups.deadline()
             now = time.monotonic()
+            # (not while the database is down or busy: the loop's deadlines handle that)
+            probing = not self._stopping and self.health.available(now)
+            probe_at = self.wakeups.deadline() if probing else None
             end = until if probe_at is None else min(until, probe_at)
             ready = self.watcher.wait(self.pools, self.wakeups.listener, max(end - now, 0.0))
             for owner, handle in ready:
@@ -378,9 +378,17 @@ class Coordinator:
             now = time.monotonic()
             if ready or self._stopping or now >= until or probe_at is None:
                 return
-            assert self.bridge is not None
-            if not self.health.available(now) or self.wakeups.probe(self.bridge, now):
+            if self._probe(now) is not Probed.NOTHING:
                 return
+
+    def _probe(self, now: float) -> Probed:
+        """The change probe (where there is no NOTIFY); it reads the pauses anew when it
+        saw one change."""
+        assert self.bridge is not None
+        probed = self.wakeups.probe(self.bridge, now)
+        if probed is Probed.PAUSES:
+            self.health.call(self.paused.refresh)
+        return probed
 
     # -- leases -------------------------------------------------------------------------
     def _renew(self) -> None:

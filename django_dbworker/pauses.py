@@ -1,8 +1,10 @@
 """Pausing a worker: every coordinator stops claiming its rows (running handlers finish),
 until it is resumed. The one code path for the admin, the commands and your code.
 
-A pause is a ``WorkerPause`` row. Coordinators read the (tiny) table every poll interval;
-on PostgreSQL the NOTIFY that ``pause()`` and ``resume()`` send wakes them at once.
+A pause is a ``WorkerPause`` row. On PostgreSQL the NOTIFY that ``pause()`` and
+``resume()`` send wakes every coordinator to read the (tiny) table at once; elsewhere the
+change probe (every ``PROBE_SECONDS``) sees its count and latest time change. Coordinators
+also read it every ``MAX_POLL_SECONDS``, in case.
 """
 
 from __future__ import annotations

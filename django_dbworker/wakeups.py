@@ -3,13 +3,15 @@
 Each worker has a :class:`~.backoff.Backoff` (claim again at once after work, doubling
 waits while idle). Three things wake it early: a ``NOTIFY`` from the triggers (PostgreSQL,
 on the one LISTEN connection), a change probe where there is no NOTIFY (one cheap query
-every ``PROBE_SECONDS``: SQLite's ``PRAGMA data_version``, else the largest Execution id),
-and the coordinator's own events (a handler finished, a row was given back, a pause
-lifted). The coordinator asks this object when to claim and what to wait on.
+every ``PROBE_SECONDS``: SQLite's ``PRAGMA data_version``, else the largest Execution id,
+and the pauses' count and latest time), and the coordinator's own events (a handler
+finished, a row was given back, a pause lifted). The coordinator asks this object when to
+claim and what to wait on.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_dbworker.coordinator")
 
 
-_UNSEEN = object()  # no probe answered yet
+_UNSEEN: Any = object()  # no probe answered yet
+
+
+class Probed(enum.Enum):
+    """What the change probe saw."""
+    NOTHING = "nothing"
+    ROWS = "rows"  # new rows (and the workers are woken)
+    PAUSES = "pauses"  # a pause or a resume (perhaps new rows too): read the pauses
+    FAILED = "failed"  # the probe's query failed
 
 
 class Wakeups:
@@ -37,7 +47,7 @@ class Wakeups:
         self._no_notifications = False  # NOTIFY does not reach us (PgBouncer): probe instead
         self._checked = False
         self.next_probe = 0.0
-        self._token: Any = _UNSEEN  # (None is an answer: MAX(id) of an empty table)
+        self._token: Any = _UNSEEN
 
     def wake(self, worker: str) -> None:
         self.backoff[worker].wake()
@@ -87,23 +97,22 @@ class Wakeups:
             self.listener = None
 
     # -- no NOTIFY: the change probe ---------------------------------------------------------
-    def probe(self, bridge: Bridge, now: float) -> bool:
+    def probe(self, bridge: Bridge, now: float) -> Probed:
         """Has anything changed since the last look? One cheap query, so that the first
-        row after a long idle is picked up as fast as the next one. True if it woke the
-        workers (or the query failed: the loop must see the outage)."""
+        row after a long idle is picked up as fast as the next one, and a pause is seen
+        before the next claim. It wakes the workers on new rows."""
         if self.listener is not None or now < self.next_probe:
-            return False
+            return Probed.NOTHING
         self.next_probe = now + self.settings.probe_seconds
-        answer = self.health.call(lambda: (bridge.change_token(),))  # None: it failed
-        if answer is None:
-            return True
-        if answer[0] == self._token:
-            return False
-        woke = self._token is not _UNSEEN
-        if woke:
+        token = self.health.call(bridge.change_token)
+        if token is None:
+            return Probed.FAILED  # the loop must see the outage
+        last, self._token = self._token, token
+        if last is _UNSEEN or token == last:
+            return Probed.NOTHING
+        if token[0] != last[0]:
             self.wake_all()
-        self._token = answer[0]
-        return woke
+        return Probed.ROWS if token[1:] == last[1:] else Probed.PAUSES
 
     def deadline(self) -> float | None:
         """When the loop must look again for the probe's sake (None: NOTIFY wakes it)."""

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 EXECUTION_TABLE = "django_dbworker_execution"
+PAUSE_TABLE = "django_dbworker_workerpause"
 NOTIFY_CHANNEL = "dbworker"
 PAUSE_NOTICE = ".pause"  # the payload that says a pause changed (no worker has this name)
 TEXT_KEY_TYPES = {"CharField", "TextField", "SlugField", "EmailField", "URLField"}
@@ -235,8 +236,15 @@ class Vendor:
                 f"{self.false_sql()}, {now}, {now}, COALESCE({due}, {now})")
 
     def change_probe_sql(self) -> str:
-        """A statement whose answer changes when rows are inserted (new work), cheap
-        enough to run every PROBE_SECONDS where the database cannot notify."""
+        """A statement cheap enough to run every PROBE_SECONDS where the database cannot
+        notify: its first column changes when rows are inserted (new work), the others
+        when a worker is paused or resumed (a pause's time is that of its new row)."""
+        pauses = self.qn(PAUSE_TABLE)
+        return (f"SELECT ({self.new_rows_sql()}), (SELECT COUNT(*) FROM {pauses}), "
+                f"(SELECT MAX(paused_at) FROM {pauses})")
+
+    def new_rows_sql(self) -> str:
+        """The change probe's first column: one read of the primary key's end."""
         return f"SELECT MAX(id) FROM {self.qn(EXECUTION_TABLE)}"
 
     def notify_sql(self, payload: str) -> str | None:

@@ -90,9 +90,9 @@ class SQLite(Vendor):
     def false_sql(self) -> str:
         return "0"
 
-    def change_probe_sql(self) -> str:
+    def new_rows_sql(self) -> str:
         # Changes whenever another connection commits to the file: no table is read.
-        return "PRAGMA data_version"
+        return "SELECT data_version FROM pragma_data_version()"
 
     def key_needs_cast(self, pk_field: Any) -> bool:
         return super().key_needs_cast(pk_field) and pk_field.get_internal_type() != "UUIDField"
