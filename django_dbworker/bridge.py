@@ -140,8 +140,8 @@ class EligibleSql:
 
 @dataclass(frozen=True)
 class ClaimStatement:
-    """A worker's claim statements for one limit and one eligible SQL (``key``)."""
-    key: Any
+    """A worker's claim statements for one limit and the eligible SQL they embed."""
+    eligible: EligibleSql | None
     strategy: str
     select: sa.Select[Any] | None  # the locking read (the strategies that UPDATE after it)
     update: Any
@@ -189,7 +189,7 @@ class Bridge:
         self._sources: dict[str, sa.Table] = {}
         self.listen_engine: Engine | None = None  # (DBWORKER["LISTEN_DATABASE"])
         self._probe: Any = None  # raw connection of change_token()
-        self._claims: dict[str, ClaimStatement] = {}  # worker -> its claim, built
+        self._claims: dict[tuple[str, int], ClaimStatement] = {}  # (worker, limit) -> claim
 
     def close(self) -> None:
         if self._probe is not None:
@@ -332,12 +332,11 @@ class Bridge:
         """The worker's claim, built again only when the limit or the eligible SQL
         changed: SQLAlchemy takes longer to build it than the database to run it."""
         eligible = self.eligible_sql(worker)
-        key = (limit, eligible)
-        built = self._claims.get(worker.name)
+        built = self._claims.get((worker.name, limit))
         try:
-            if built is not None and built.key == key:
+            if built is not None and built.eligible == eligible:
                 return built
-        except TypeError:  # a parameter that cannot be compared (then built each time)
+        except Exception:  # noqa: BLE001 - a parameter that cannot be compared: build it
             pass
         e = self.execution
         stmt, custom_order = self._candidates(worker, limit, eligible)
@@ -356,8 +355,8 @@ class Bridge:
         else:  # the UPDATE re-checks claimability (the guard)
             select, update = stmt, (sa.update(e).where(ids, e.c.claimable_worker == worker.name)
                                     .values(**values))
-        built = ClaimStatement(key, strategy, select, update)
-        self._claims[worker.name] = built
+        built = ClaimStatement(eligible, strategy, select, update)
+        self._claims[worker.name, limit] = built
         return built
 
     def _claim_returning(self, built: ClaimStatement,

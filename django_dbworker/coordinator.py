@@ -295,7 +295,8 @@ class Coordinator:
                 next_status = now + self.settings.status_interval
             if drain and self._drained():
                 return
-            self._wait(now + self._timeout(now, next_renew))
+            self._wait(now + self._timeout(now, next_renew, next_recover, next_pauses,
+                                           next_status))
 
     def _stopped(self, now: float) -> bool:
         """While stopping: whether every handler finished and every row went back."""
@@ -341,8 +342,8 @@ class Coordinator:
                             or p.worker.name in self.paused)
             for p in self.pools)
 
-    def _timeout(self, now: float, next_renew: float) -> float:
-        deadlines = [next_renew]
+    def _timeout(self, now: float, *periodic: float) -> float:
+        deadlines = list(periodic)
         if not self._stopping:
             deadlines.extend(self.wakeups.backoff[p.worker.name].next_at for p in self.pools
                              if p.free_slots(now) > 0)
@@ -380,14 +381,15 @@ class Coordinator:
                 return
             if self._probe(now) is not Probed.NOTHING:
                 return
+            self._last_pass = now  # (for /healthz: probing is the idle loop's work)
 
     def _probe(self, now: float) -> Probed:
         """The change probe (where there is no NOTIFY); it reads the pauses anew when it
         saw one change."""
         assert self.bridge is not None
         probed = self.wakeups.probe(self.bridge, now)
-        if probed is Probed.PAUSES:
-            self.health.call(self.paused.refresh)
+        if probed is Probed.PAUSES and not self.health.call(self.paused.refresh):
+            self.wakeups.pauses_unseen()  # the next probe reports them again
         return probed
 
     # -- leases -------------------------------------------------------------------------

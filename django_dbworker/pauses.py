@@ -82,7 +82,9 @@ class PausedWorkers:
     def __contains__(self, worker: str) -> bool:
         return worker in self._names
 
-    def refresh(self) -> None:
+    def refresh(self) -> bool:
+        """Read the pauses (True once done: through DatabaseHealth.call, None means the
+        read failed)."""
         paused = self._bridge.paused_workers() & set(self._wakeups.backoff)
         for name in sorted(paused - self._names):
             logger.warning("Worker %s is paused: no new claims (running handlers finish)", name)
@@ -90,3 +92,4 @@ class PausedWorkers:
             logger.warning("Worker %s is resumed", name)
             self._wakeups.wake(name)
         self._names = paused
+        return True

@@ -114,6 +114,12 @@ class Wakeups:
             self.wake_all()
         return Probed.ROWS if token[1:] == last[1:] else Probed.PAUSES
 
+    def pauses_unseen(self) -> None:
+        """The pauses could not be read after the probe saw them change: make the next
+        probe report them again."""
+        if self._token is not _UNSEEN:
+            self._token = (*self._token[:1], _UNSEEN)
+
     def deadline(self) -> float | None:
         """When the loop must look again for the probe's sake (None: NOTIFY wakes it)."""
         return self.next_probe if self.listener is None else None
