@@ -5,21 +5,36 @@ and a wake-up pipe that stop requests (from signal handlers or other threads) wr
 from __future__ import annotations
 
 import os
+import select
 from collections.abc import Sequence
-from multiprocessing.connection import wait
 from typing import Any
 
 from .pool import Pool
 
+# Ready to read, or closed, or broken: each ends the wait, as multiprocessing's wait() does.
+_EVENTS = select.POLLIN | select.POLLPRI
+
+
+def _fd(handle: Any) -> int:
+    return handle if isinstance(handle, int) else handle.fileno()
+
 
 class Watcher:
-    """Waits until something is ready; says whose it is."""
+    """Waits until something is ready; says whose it is.
+
+    It keeps one ``poll`` object, registered anew only when a pool's children or the
+    listener change: an idle coordinator waits up to 50 times a second (the change
+    probe), and ``multiprocessing.connection.wait`` builds and fills a new selector on
+    each call, which cost an idle coordinator more than the waiting itself."""
 
     def __init__(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._watched: tuple[tuple[int, ...], dict[Any, Any]] | None = None
+        self._key: tuple[int, ...] | None = None
+        self._listener: Any = None
+        self._poll = select.poll()
+        self._owners: dict[int, tuple[Any, Pool | None]] = {}  # fd -> (handle, owner)
 
     def poke(self) -> None:
         """End the current (or next) wait at once. Safe from a signal handler."""
@@ -32,30 +47,33 @@ class Watcher:
              timeout: float) -> list[tuple[Pool | None, Any]]:
         """(pool, handle) for each child handle that is ready, (None, listener) if the
         listener is; a poke only ends the wait."""
-        watched = self._watch_list(pools, listener)
+        self._watch(pools, listener)
         ready_owners = []
-        for ready in wait(list(watched), timeout=timeout):
-            owner = watched[ready]
-            if ready is self._wake_r:
+        for fd, _ in self._poll.poll(max(timeout, 0.0) * 1000):
+            handle, owner = self._owners[fd]
+            if fd == self._wake_r:
                 try:
                     os.read(self._wake_r, 1024)
                 except BlockingIOError:
                     pass
             else:
-                ready_owners.append((owner, ready))
+                ready_owners.append((owner, handle))
         return ready_owners
 
-    def _watch_list(self, pools: Sequence[Pool], listener: Any) -> dict[Any, Pool | None]:
-        """Everything to wait on, rebuilt only when a pool's children or the listener
-        changed."""
+    def _watch(self, pools: Sequence[Pool], listener: Any) -> None:
+        """Register everything to wait on, anew only when a pool's children or the
+        listener changed."""
         key = (id(listener), *(p.version for p in pools))
         # (an id can be reused by the next listener: check that it is the one watched)
-        if self._watched is None or self._watched[0] != key or (
-                listener is not None and listener not in self._watched[1]):
-            watched: dict[Any, Pool | None] = {self._wake_r: None}
-            if listener is not None:
-                watched[listener] = None
-            for pool in pools:
-                watched.update(dict.fromkeys(pool.handles(), pool))
-            self._watched = (key, watched)
-        return self._watched[1]
+        if key == self._key and listener is self._listener:
+            return
+        owners: dict[int, tuple[Any, Pool | None]] = {self._wake_r: (self._wake_r, None)}
+        if listener is not None:
+            owners[_fd(listener)] = (listener, None)
+        for pool in pools:
+            for handle in pool.handles():
+                owners[_fd(handle)] = (handle, pool)
+        self._poll = select.poll()  # (a closed file's number may be reused by a new one)
+        for fd in owners:
+            self._poll.register(fd, _EVENTS)
+        self._owners, self._key, self._listener = owners, key, listener
