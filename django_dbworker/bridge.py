@@ -189,12 +189,11 @@ class Bridge:
         self._sources: dict[str, sa.Table] = {}
         self.listen_engine: Engine | None = None  # (DBWORKER["LISTEN_DATABASE"])
         self._probe: Any = None  # raw connection of change_token()
+        self._probe_token: tuple[Any, ...] | None = None  # its last whole answer
         self._claims: dict[tuple[str, int], ClaimStatement] = {}  # (worker, limit) -> claim
 
     def close(self) -> None:
-        if self._probe is not None:
-            self._probe.invalidate()
-            self._probe = None
+        self._drop_probe()
         self.engine.dispose()
         if self.listen_engine is not None:
             self.listen_engine.dispose()
@@ -603,16 +602,16 @@ class Bridge:
                 raw = self.engine.raw_connection()
                 self._set_autocommit(raw.driver_connection)
                 self._probe = raw
-            cursor = self._probe.cursor()
-            cursor.execute(self.vendor.change_probe_sql())
-            row = cursor.fetchone()
-            cursor.close()
+            quick = self.vendor.unchanged_probe_sql()
+            if quick is not None and self._probe_token is not None and (
+                    self.vendor.probe_row(self._probe, quick)[0] == self._probe_token[0]):
+                return self._probe_token
+            row = self.vendor.probe_row(self._probe, self.vendor.change_probe_sql())
         except (self.engine.dialect.loaded_dbapi.Error, sa.exc.DBAPIError) as exc:
-            if self._probe is not None:
-                self._probe.invalidate()
-                self._probe = None
+            self._drop_probe()
             raise sa.exc.OperationalError("change probe", None, exc) from exc
-        return tuple(row)
+        self._probe_token = row
+        return row
 
     @staticmethod
     def _set_autocommit(connection: Any) -> None:
@@ -650,10 +649,16 @@ class Bridge:
     def reset_connections(self) -> None:
         """Close the pool's connections and the change probe's (after an outage: they
         were opened before it)."""
+        self._drop_probe()
+        self.engine.dispose()
+
+    def _drop_probe(self) -> None:
+        """Close the change probe's connection. Its last answer goes too: SQLite's
+        data_version counts per connection, so a new one's is not comparable."""
         if self._probe is not None:
             self._probe.invalidate()
             self._probe = None
-        self.engine.dispose()
+        self._probe_token = None
 
     def ping(self) -> None:
         """One round trip: raises while the database is unreachable."""

@@ -76,3 +76,36 @@ def test_an_idle_coordinator_backs_off_its_polls_up_to_max_poll_seconds():
     late = gaps[-4:]  # once the back-off reached its cap
     assert min(late) >= 0.35, gaps  # the wait grew to MAX_POLL_SECONDS ...
     assert max(late) < 0.4 + 0.5, gaps  # ... and no further
+
+
+def test_the_change_probe_slows_to_half_its_rate_after_a_quiet_second_and_speeds_up_on_a_change():
+    """An idle coordinator probes every PROBE_SECONDS while changes come, then half as
+    often: each probe costs a wake-up and a query (the idle CPU budget). The probe runs
+    here against the real database, without NOTIFY (as on MariaDB, SQLite, or PostgreSQL
+    behind PgBouncer)."""
+    from django_dbworker.bridge import Bridge
+    from django_dbworker.outage import DatabaseHealth
+    from django_dbworker.wakeups import QUIET_FACTOR, QUIET_SECONDS, Probed, Wakeups
+
+    options = Coordinator(["docs"], probe_seconds=0.02).settings
+    bridge = Bridge("default", options.lease_seconds)
+    health = DatabaseHealth(bridge.vendor, bridge.ping, options.poll_seconds)
+    wakeups = Wakeups(["docs"], options, health)
+    try:
+        def gap_after_probe(now: float) -> tuple[Probed, float]:
+            probed = wakeups.probe(bridge, now)
+            return probed, round(wakeups.next_probe - now, 6)
+
+        assert gap_after_probe(100.0)[0] is Probed.NOTHING  # the first answer: a baseline
+        Document.objects.create()  # a new pending row: the probe sees it ...
+        assert gap_after_probe(100.05) == (Probed.ROWS, 0.02)
+        # ... and probes at the full rate for QUIET_SECONDS after that change,
+        assert gap_after_probe(100.05 + QUIET_SECONDS / 2) == (Probed.NOTHING, 0.02)
+        # then half as often,
+        quiet = 100.05 + QUIET_SECONDS + 0.01
+        assert gap_after_probe(quiet) == (Probed.NOTHING, round(0.02 * QUIET_FACTOR, 6))
+        # until the next change, seen at once.
+        Document.objects.create()
+        assert gap_after_probe(quiet + 0.5) == (Probed.ROWS, 0.02)
+    finally:
+        bridge.close()

@@ -247,6 +247,21 @@ class Vendor:
         """The change probe's first column: one read of the primary key's end."""
         return f"SELECT MAX(id) FROM {self.qn(EXECUTION_TABLE)}"
 
+    def probe_row(self, connection: Any, sql: str) -> tuple[Any, ...]:
+        """Run one probe statement on the probe's raw DB-API connection; its one row."""
+        cursor = connection.cursor()
+        try:
+            cursor.execute(sql)
+            return tuple(cursor.fetchone())
+        finally:
+            cursor.close()
+
+    def unchanged_probe_sql(self) -> str | None:
+        """Where one cheaper statement answers the probe's first column by itself, and
+        that column changes with every commit (so with the pauses too): the probe runs
+        it first, and the whole probe only when its answer moved."""
+        return None
+
     def notify_sql(self, payload: str) -> str | None:
         """A statement waking every coordinator with ``payload``, if the database can."""
         return None
