@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -120,6 +121,16 @@ def django_sql_to_text(sql: str, params: Sequence[Any], prefix: str = "dbw_p") -
 
 
 TOKEN, CLAIMER, IDS = "dbw_token", "dbw_claimer", "dbw_ids"  # a claim's parameters
+# Where a worker's claims take its rows in id order: the id its last full claim started
+# at, so the next claim starts there. Without it each claim walked every row claimed
+# before it in the drain: PostgreSQL, whose statistics still said "all claimable", took
+# the primary key for the claim and filtered out 33,000 claimed rows (8 ms a claim) a
+# third into a 100,000-row drain, until autovacuum's ANALYZE; and the claimable index
+# keeps the claimed rows' dead entries until VACUUM. Rows that become claimable again
+# below it (a retry, a row given back) are found by the claim that comes back short and
+# looks again from the start, or once the floor is FLOOR_SECONDS old.
+FLOOR = "dbw_floor"
+FLOOR_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,7 @@ class ClaimStatement:
     strategy: str
     select: sa.Select[Any] | None  # the locking read (the strategies that UPDATE after it)
     update: Any
+    floored: bool  # takes the FLOOR parameter (claims in id order)
 
 
 def ordering_terms(order_by: Iterable[Any]) -> tuple[dict[str, BaseExpression], list[OrderTerm]]:
@@ -191,6 +203,7 @@ class Bridge:
         self._probe: Any = None  # raw connection of change_token()
         self._probe_token: tuple[Any, ...] | None = None  # its last whole answer
         self._claims: dict[tuple[str, int], ClaimStatement] = {}  # (worker, limit) -> claim
+        self._floors: dict[str, tuple[int, float] | None] = {}  # worker -> (floor, when)
 
     def close(self) -> None:
         self._drop_probe()
@@ -258,6 +271,8 @@ class Bridge:
         hint = self.vendor.index_hint(index)
         if hint:
             stmt = stmt.with_hint(e, hint)
+        if not worker.prioritized and not terms:
+            stmt = stmt.where(e.c.id >= sa.bindparam(FLOOR))
         if compiled is None:
             return stmt.order_by(*default_order).limit(limit), False
         eligible_text = django_sql_to_text(compiled.sql, compiled.params).columns(
@@ -324,8 +339,24 @@ class Bridge:
             return []
         token = new_token()
         built = self._claim_statement(worker, limit)
-        rows = CLAIM_STRATEGIES[built.strategy](self, built, {TOKEN: token, CLAIMER: claimer})
+        params = {TOKEN: token, CLAIMER: claimer}
+        if not built.floored:
+            rows = CLAIM_STRATEGIES[built.strategy](self, built, params)
+        else:
+            floor = self._floor(worker.name)
+            rows = CLAIM_STRATEGIES[built.strategy](self, built, {**params, FLOOR: floor})
+            if floor and len(rows) < limit:  # there may be rows below it: from the start
+                rest = self._claim_statement(worker, limit - len(rows))
+                rows += CLAIM_STRATEGIES[rest.strategy](self, rest, {**params, FLOOR: 0})
+            # Only while claims come back full (a backlog): a short one starts from the
+            # start next time, without a second statement.
+            self._floors[worker.name] = ((min(r[0] for r in rows), time.monotonic())
+                                         if len(rows) == limit else None)
         return [Claim(r[0], r[1], token, r[2], r[3], _epoch(r[4])) for r in rows]
+
+    def _floor(self, worker: str) -> int:
+        floor = self._floors.get(worker)
+        return floor[0] if floor is not None and time.monotonic() - floor[1] < FLOOR_SECONDS else 0
 
     def _claim_statement(self, worker: Worker, limit: int) -> ClaimStatement:
         """The worker's claim, built again only when the limit or the eligible SQL
@@ -339,6 +370,7 @@ class Bridge:
             pass
         e = self.execution
         stmt, custom_order = self._candidates(worker, limit, eligible)
+        floored = not worker.prioritized and not custom_order
         strategy = self.vendor.ordered_claim_strategy if custom_order else self.vendor.claim_strategy
         values = self._claim_values()
         ids = e.c.id.in_(sa.bindparam(IDS, expanding=True))
@@ -354,7 +386,7 @@ class Bridge:
         else:  # the UPDATE re-checks claimability (the guard)
             select, update = stmt, (sa.update(e).where(ids, e.c.claimable_worker == worker.name)
                                     .values(**values))
-        built = ClaimStatement(eligible, strategy, select, update)
+        built = ClaimStatement(eligible, strategy, select, update, floored)
         self._claims[worker.name, limit] = built
         return built
 
@@ -374,7 +406,7 @@ class Bridge:
         """Lock, then claim: the SELECT keeps a custom order, which RETURNING would not."""
         assert built.select is not None
         with self.engine.begin() as conn:
-            rows = conn.execute(built.select).all()
+            rows = conn.execute(built.select, params).all()
             failpoints.reached("coordinator.claim_locked")
             if rows:
                 conn.execute(built.update, {**params, IDS: [r.id for r in rows]})
@@ -389,7 +421,7 @@ class Bridge:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
             try:
-                rows = conn.execute(built.select).all()
+                rows = conn.execute(built.select, params).all()
                 if rows:
                     conn.execute(built.update, {**params, IDS: [r.id for r in rows]})
                 conn.exec_driver_sql("COMMIT")
@@ -668,6 +700,7 @@ class Bridge:
     def claim_sql(self, worker: Worker, limit: int = 1) -> str:
         """The candidate SELECT as the database sees it, for EXPLAIN and docs."""
         stmt, _ = self.candidates(worker, limit)
+        stmt = stmt.params({FLOOR: 0})  # (a claim's first floor: the start)
         return str(stmt.compile(self.engine, compile_kwargs={"literal_binds": True}))
 
     def execute(self, sql: str) -> list[Any]:

@@ -2,6 +2,7 @@
 
 import os
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -204,3 +205,45 @@ def test_the_claim_plan_reads_the_claimable_index_not_the_history(worker):
     # And it still claims correctly.
     drain(worker)
     assert len(effects(worker)) == 20
+
+
+
+def test_a_backlog_is_claimed_from_the_last_full_claim_on_and_rows_given_back_below_it_are_not_lost():
+    """In a backlog each claim starts where the last full claim started (its floor), not
+    at the first row ever claimed: a long drain stays as fast as a short one (see FLOOR
+    in bridge.py). A row that becomes claimable again below the floor (given back here;
+    a retry or a recovered row alike) is claimed by the next claim that comes back
+    short, and by any claim once the floor is FLOOR_SECONDS old."""
+    from django_dbworker.bridge import FLOOR_SECONDS
+
+    docs = [Document.objects.create() for _ in range(8)]
+    worker = registry["docs"]
+    bridge = Bridge()
+    try:
+        def claim(n):
+            return bridge.claim(worker, n, "test:1")
+
+        def pks(claims):
+            return [int(c.source_id) for c in claims]
+
+        first = claim(3)
+        assert pks(first) == [d.pk for d in docs[:3]]
+        assert pks(claim(3)) == [d.pk for d in docs[3:6]]  # the floor is now docs[3]
+        assert bridge.release(first[1])  # claimable again, below the floor
+        # The full claim before started at docs[3]: so does this one; docs[1] waits.
+        assert pks(claim(2)) == [d.pk for d in docs[6:8]]
+        # The backlog ran out: this claim came back short and looked from the start.
+        assert pks(claim(3)) == [docs[1].pk]
+        assert claim(3) == []
+
+        # A floor lives FLOOR_SECONDS: then the first claimable rows come first again.
+        more = [Document.objects.create() for _ in range(5)]
+        low = claim(2)
+        assert pks(low) == [d.pk for d in more[:2]]
+        assert pks(claim(2)) == [d.pk for d in more[2:4]]  # the floor is now more[2]
+        assert bridge.release(low[1])
+        time.sleep(FLOOR_SECONDS + 0.1)
+        assert pks(claim(1)) == [more[1].pk]  # not more[4], which is above the old floor
+        assert pks(claim(3)) == [more[4].pk]
+    finally:
+        bridge.close()
