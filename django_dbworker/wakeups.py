@@ -6,8 +6,7 @@ on the one LISTEN connection), a change probe where there is no NOTIFY (one chea
 every ``PROBE_SECONDS``, half as often once nothing changed for a second: SQLite's
 ``PRAGMA data_version``, else the largest Execution id, and the pauses' count and latest
 time), and the coordinator's own events (a handler finished, a row was given back, a
-pause lifted). The coordinator asks this object when to
-claim and what to wait on.
+pause lifted). The coordinator asks this object when to claim and what to wait on.
 """
 
 from __future__ import annotations
