@@ -255,7 +255,8 @@ class Bridge:
     def candidates(self, worker: Worker, limit: int) -> tuple[sa.Select[Any], bool]:
         """Claimable, eligible rows of ``worker``, in claim order, at most ``limit``;
         and whether that order is a custom one (else creation order, by id)."""
-        return self._candidates(worker, limit, self.eligible_sql(worker))
+        stmt, custom = self._candidates(worker, limit, self.eligible_sql(worker))
+        return stmt.params({FLOOR: 0}), custom  # (a claim's first floor: the start)
 
     def _candidates(self, worker: Worker, limit: int,
                     compiled: EligibleSql | None) -> tuple[sa.Select[Any], bool]:
@@ -700,7 +701,6 @@ class Bridge:
     def claim_sql(self, worker: Worker, limit: int = 1) -> str:
         """The candidate SELECT as the database sees it, for EXPLAIN and docs."""
         stmt, _ = self.candidates(worker, limit)
-        stmt = stmt.params({FLOOR: 0})  # (a claim's first floor: the start)
         return str(stmt.compile(self.engine, compile_kwargs={"literal_binds": True}))
 
     def execute(self, sql: str) -> list[Any]:
