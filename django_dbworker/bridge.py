@@ -10,6 +10,7 @@ once.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
@@ -32,6 +33,8 @@ from .registry import Worker
 from .retry import RetryDecision
 from .status import ExecutionStatus
 from .vendors import NOTIFY_CHANNEL, Vendor, for_connection
+
+logger = logging.getLogger("django_dbworker.coordinator")
 
 WORKING = ExecutionStatus.WORKING.value
 LONG_AGO = datetime(2000, 1, 1)  # an ended lease (naive: every driver takes it)
@@ -128,7 +131,7 @@ TOKEN, CLAIMER, IDS = "dbw_token", "dbw_claimer", "dbw_ids"  # a claim's paramet
 # third into a 100,000-row drain, until autovacuum's ANALYZE; and the claimable index
 # keeps the claimed rows' dead entries until VACUUM. Rows that become claimable again
 # below it (a retry, a row given back) are found by the claim that comes back short and
-# looks again from the start, or once the floor is FLOOR_SECONDS old.
+# looks again from the start, or by the claim that does so once every FLOOR_SECONDS.
 FLOOR = "dbw_floor"
 FLOOR_SECONDS = 1.0
 
@@ -344,20 +347,38 @@ class Bridge:
         if not built.floored:
             rows = CLAIM_STRATEGIES[built.strategy](self, built, params)
         else:
-            floor = self._floor(worker.name)
-            rows = CLAIM_STRATEGIES[built.strategy](self, built, {**params, FLOOR: floor})
-            if floor and len(rows) < limit:  # there may be rows below it: from the start
-                rest = self._claim_statement(worker, limit - len(rows))
-                rows += CLAIM_STRATEGIES[rest.strategy](self, rest, {**params, FLOOR: 0})
-            # Only while claims come back full (a backlog): a short one starts from the
-            # start next time, without a second statement.
-            self._floors[worker.name] = ((min(r[0] for r in rows), time.monotonic())
-                                         if len(rows) == limit else None)
+            rows = self._claim_from_floor(worker, limit, built, params)
         return [Claim(r[0], r[1], token, r[2], r[3], _epoch(r[4])) for r in rows]
 
-    def _floor(self, worker: str) -> int:
-        floor = self._floors.get(worker)
-        return floor[0] if floor is not None and time.monotonic() - floor[1] < FLOOR_SECONDS else 0
+    def _claim_from_floor(self, worker: Worker, limit: int, built: ClaimStatement,
+                          params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+        now = time.monotonic()
+        last = self._floors.get(worker.name)
+        fresh = last is not None and now - last[1] < FLOOR_SECONDS
+        floor = last[0] if fresh and last is not None else 0
+        rows = CLAIM_STRATEGIES[built.strategy](self, built, {**params, FLOOR: floor})
+        if floor and len(rows) < limit:  # there may be rows below it: from the start
+            rest = self._claim_statement(worker, limit - len(rows))
+            try:
+                rows += CLAIM_STRATEGIES[rest.strategy](self, rest, {**params, FLOOR: 0})
+            except DATABASE_ERRORS:
+                if not rows:
+                    raise
+                # The first statement committed its claims: hand those out (lost, they
+                # would wait a lease); the next claim meets the failure, if it lasts.
+                logger.debug("Claim below the floor failed; keeping %d claimed rows", len(rows))
+            rows.sort(key=lambda r: r[0])
+        if len(rows) < limit:
+            # A short claim: the backlog ran out, and the next claim starts at the start,
+            # with one statement.
+            self._floors[worker.name] = None
+        else:
+            # The floor moves up with each full claim, but keeps the time it was first
+            # set: at least one claim in FLOOR_SECONDS looks from the start, also while
+            # every claim comes back full.
+            since = last[1] if fresh and last is not None else now
+            self._floors[worker.name] = (min(r[0] for r in rows), since)
+        return rows
 
     def _claim_statement(self, worker: Worker, limit: int) -> ClaimStatement:
         """The worker's claim, built again only when the limit or the eligible SQL

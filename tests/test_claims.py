@@ -245,5 +245,19 @@ def test_a_backlog_is_claimed_from_the_last_full_claim_on_and_rows_given_back_be
         time.sleep(FLOOR_SECONDS + 0.1)
         assert pks(claim(1)) == [more[1].pk]  # not more[4], which is above the old floor
         assert pks(claim(3)) == [more[4].pk]
+
+        # Also while every claim comes back full (a steady backlog): the floor keeps the
+        # time it was first set, so a claim looks from the start within FLOOR_SECONDS.
+        steady = [Document.objects.create() for _ in range(4)]
+        held = [claim(1)[0] for _ in steady]  # each one full: the floor is steady[3]
+        assert pks(held) == [d.pk for d in steady]
+        assert bridge.release(held[2])
+        released_at, seen = time.monotonic(), []
+        while steady[2].pk not in seen and time.monotonic() - released_at < 3 * FLOOR_SECONDS:
+            Document.objects.create()
+            seen += pks(claim(1))
+        waited = time.monotonic() - released_at
+        assert steady[2].pk in seen, f"not claimed in {waited:.1f}s of full claims"
+        assert waited < FLOOR_SECONDS + 0.5, waited
     finally:
         bridge.close()
