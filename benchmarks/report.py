@@ -62,10 +62,13 @@ def tables(report: dict[str, Any], source: str) -> str:
 
 def machine_line(report: dict[str, Any]) -> str:
     m, servers = report["machine"], report.get("servers", {})
+    autovacuum = (f" (autovacuum {servers['postgres_autovacuum']})"
+                  if "postgres_autovacuum" in servers else "")
     return (
         f"Machine: {m.get('cpus')} vCPU {m.get('cpu', '')}, {m.get('mem_gb')} GB, "
         f"Python {m.get('python')}, Django {m.get('django')}, "
-        f"PostgreSQL {servers.get('postgres', '?').split(' on ')[0].replace('PostgreSQL ', '')}, "
+        f"PostgreSQL {servers.get('postgres', '?').split(' on ')[0].replace('PostgreSQL ', '')}"
+        f"{autovacuum}, "
         f"MariaDB {servers.get('mysql', '?').split('-')[0]}, SQLite {servers.get('sqlite', '?')}, "
         f"Celery {m.get('celery', '-')}, Procrastinate {m.get('procrastinate', '-')}, "
         f"django-tasks-db {m.get('django-tasks-db', '-')}; load average at start "

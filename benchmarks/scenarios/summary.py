@@ -55,6 +55,11 @@ def server_versions(dbs: list[str]) -> dict[str, str]:
         with connections[db].cursor() as c:
             c.execute("SELECT sqlite_version()" if db == "sqlite" else "SELECT version()")
             out[db] = str(c.fetchone()[0])
+            if db == "postgres":
+                # Off, dead rows and stale statistics stay for the whole run (the server's
+                # configuration, which the benchmark does not change): worth saying.
+                c.execute("SHOW autovacuum")
+                out["postgres_autovacuum"] = str(c.fetchone()[0])
     return out
 
 
