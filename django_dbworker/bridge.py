@@ -206,7 +206,7 @@ class Bridge:
         self._probe: Any = None  # raw connection of change_token()
         self._probe_token: tuple[Any, ...] | None = None  # its last whole answer
         self._claims: dict[tuple[str, int], ClaimStatement] = {}  # (worker, limit) -> claim
-        self._floors: dict[str, tuple[int, float] | None] = {}  # worker -> (floor, when)
+        self._floors: dict[str, tuple[int, float]] = {}  # worker -> (floor, first set at)
 
     def close(self) -> None:
         self._drop_probe()
@@ -354,8 +354,8 @@ class Bridge:
                           params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
         now = time.monotonic()
         last = self._floors.get(worker.name)
-        fresh = last is not None and now - last[1] < FLOOR_SECONDS
-        floor = last[0] if fresh and last is not None else 0
+        # (floor, when it was first set); an old one goes: this claim looks from the start
+        floor, since = last if last is not None and now - last[1] < FLOOR_SECONDS else (0, now)
         rows = CLAIM_STRATEGIES[built.strategy](self, built, {**params, FLOOR: floor})
         if floor and len(rows) < limit:  # there may be rows below it: from the start
             rest = self._claim_statement(worker, limit - len(rows))
@@ -371,12 +371,11 @@ class Bridge:
         if len(rows) < limit:
             # A short claim: the backlog ran out, and the next claim starts at the start,
             # with one statement.
-            self._floors[worker.name] = None
+            self._floors.pop(worker.name, None)
         else:
             # The floor moves up with each full claim, but keeps the time it was first
             # set: at least one claim in FLOOR_SECONDS looks from the start, also while
             # every claim comes back full.
-            since = last[1] if fresh and last is not None else now
             self._floors[worker.name] = (min(r[0] for r in rows), since)
         return rows
 

@@ -207,13 +207,13 @@ def test_the_claim_plan_reads_the_claimable_index_not_the_history(worker):
     assert len(effects(worker)) == 20
 
 
-
 def test_a_backlog_is_claimed_from_the_last_full_claim_on_and_rows_given_back_below_it_are_not_lost():
     """In a backlog each claim starts where the last full claim started (its floor), not
     at the first row ever claimed: a long drain stays as fast as a short one (see FLOOR
     in bridge.py). A row that becomes claimable again below the floor (given back here;
     a retry or a recovered row alike) is claimed by the next claim that comes back
-    short, and by any claim once the floor is FLOOR_SECONDS old."""
+    short, or by the claim that looks from the start once in every FLOOR_SECONDS, also
+    while every claim comes back full."""
     from django_dbworker.bridge import FLOOR_SECONDS
 
     docs = [Document.objects.create() for _ in range(8)]

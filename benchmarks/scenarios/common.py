@@ -227,12 +227,22 @@ def summarize_drain(db: str, system: str, n: int, wall: float) -> dict[str, Any]
 
 
 # -- processes --------------------------------------------------------------------------
+SCHEDSTAT = os.path.exists("/proc/self/schedstat")  # Linux: the scheduler's nanoseconds
+
+
 def _schedstat_seconds(pid: int) -> float:
-    """On-CPU seconds of every thread of ``pid`` (Linux; OSError elsewhere or once it is gone)."""
+    """On-CPU seconds of the live threads of ``pid`` (0 once it is gone)."""
     total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-            total += int(f.read().split()[0])
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            pass  # the thread ended meanwhile
     return total / 1e9
 
 
@@ -279,14 +289,14 @@ class Tree:
 
         total = 0.0
         for p in self.members():
-            try:
+            if SCHEDSTAT:  # (one unit for every sample: never ticks for some of them)
                 total += _schedstat_seconds(p.pid)
-            except OSError:
-                try:
-                    t = p.cpu_times()
-                    total += t.user + t.system
-                except psutil.NoSuchProcess:
-                    pass
+                continue
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
         return total
 
     def rss(self) -> dict[str, Any]:
