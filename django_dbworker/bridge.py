@@ -160,6 +160,7 @@ class ClaimStatement:
     select: sa.Select[Any] | None  # the locking read (the strategies that UPDATE after it)
     update: Any
     floored: bool  # takes the FLOOR parameter (claims in id order)
+    compiled: Any = None  # "returning": the UPDATE compiled once, run on the DB-API
 
 
 def ordering_terms(order_by: Iterable[Any]) -> tuple[dict[str, BaseExpression], list[OrderTerm]]:
@@ -207,6 +208,9 @@ class Bridge:
         self._probe_token: tuple[Any, ...] | None = None  # its last whole answer
         self._claims: dict[tuple[str, int], ClaimStatement] = {}  # (worker, limit) -> claim
         self._floors: dict[str, tuple[int, float]] = {}  # worker -> (floor, first set at)
+        # The LISTEN connection on this very alias, when there is one: claims run on it
+        # (see _run_raw).
+        self.claim_listener: Listener | None = None
 
     def close(self) -> None:
         self._drop_probe()
@@ -333,7 +337,7 @@ class Bridge:
             "started_at": self.now(),
             "updated_at": self.now(),
             "claimed_by": sa.bindparam(CLAIMER),
-            "rerun_requested": False,
+            "rerun_requested": sa.false(),  # (a literal: no bind parameter to convert)
         }
 
     # -- claiming -----------------------------------------------------------------------
@@ -407,7 +411,12 @@ class Bridge:
         else:  # the UPDATE re-checks claimability (the guard)
             select, update = stmt, (sa.update(e).where(ids, e.c.claimable_worker == worker.name)
                                     .values(**values))
-        built = ClaimStatement(eligible, strategy, select, update, floored)
+        compiled = None
+        if strategy == "returning":
+            compiled = update.compile(dialect=self.engine.dialect)
+            if compiled._bind_processors:  # (none for psycopg; else SQLAlchemy converts)
+                compiled = None
+        built = ClaimStatement(eligible, strategy, select, update, floored, compiled)
         self._claims[worker.name, limit] = built
         return built
 
@@ -416,11 +425,47 @@ class Bridge:
         """One statement: lock the candidates (skipping rows others hold), claim them."""
         # One statement is its own transaction: in autocommit it is one round trip,
         # where BEGIN ... COMMIT around it made three (a third of pickup latency).
-        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            rows = list(conn.execute(built.update, params))
+        if built.compiled is not None:
+            rows = self._run_raw(built.compiled, params)
+        else:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                rows = list(conn.execute(built.update, params))
         # RETURNING has no order: put back the claim order (priority, then creation).
         rows.sort(key=lambda r: (-r[5], r[0]))
         return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def _run_raw(self, compiled: Any, params: dict[str, Any]) -> list[Any]:
+        """Run a compiled statement in autocommit on the DB-API, on the LISTEN connection
+        or a pool connection: the claim is on the path of every pickup, and SQLAlchemy's
+        execution (checkout, cache key, result processing) took as long as the database
+        to answer it. Errors come out as SQLAlchemy's, like every other statement's (the
+        outage handling and the deadlock retry read them)."""
+        sql, args = compiled.string, compiled.construct_params(params)
+        listener, fairy = self.claim_listener, None
+        try:
+            if listener is not None and listener.usable:
+                # The server process that just delivered the NOTIFY this claim answers
+                # is still awake: on a machine whose idle CPUs sleep, a round trip to it
+                # took half as long as one to a pool connection's (0.6 vs 1.1-1.3 ms).
+                return listener.run(sql, args)
+            fairy = self.engine.raw_connection()
+            dbapi: Any = fairy.driver_connection
+            dbapi.autocommit = True
+            try:
+                with dbapi.cursor() as cursor:
+                    cursor.execute(sql, args)
+                    return cursor.fetchall()
+            finally:
+                dbapi.autocommit = False  # (as the pool hands connections out)
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            if fairy is not None:
+                fairy.invalidate(exc)  # (in an unknown state: a new one next time)
+            raise sa.exc.DBAPIError.instance(
+                sql, args, exc, self.engine.dialect.loaded_dbapi.Error,
+                dialect=self.engine.dialect) from exc
+        finally:
+            if fairy is not None:
+                fairy.close()  # back to the pool (or, invalidated, closed)
 
     def _claim_lock_then_update(self, built: ClaimStatement,
                                 params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
@@ -751,9 +796,15 @@ class Listener:
             assert conn is not None  # a fresh connection from the pool always has one
             self._conn: Any = conn
             self._conn.autocommit = True
+            # Notifications that arrive while a statement runs on this connection (a
+            # claim: see run()) are read by psycopg with its result, not left on the
+            # socket: they are kept here, and the watcher sees them (heard()).
+            self._heard: set[str] = set()
+            self._conn.add_notify_handler(lambda notify: self._heard.add(notify.payload))
             self._conn.execute(f"LISTEN {channel}")
         except engine.dialect.loaded_dbapi.Error as exc:
             raise sa.exc.OperationalError(f"LISTEN {channel}", None, exc) from exc
+        self._closed = False
 
     def fileno(self) -> int:
         return int(self._conn.pgconn.socket)
@@ -762,10 +813,24 @@ class Listener:
         """Worker names notified since the last call (never blocks)."""
         pgconn = self._conn.pgconn
         pgconn.consume_input()
-        names = set()
+        names, self._heard = self._heard, set()
         while (notify := pgconn.notifies()) is not None:
             names.add(notify.extra.decode())
         return names
+
+    def heard(self) -> bool:
+        """Whether notifications wait in drain() that the socket no longer shows."""
+        return bool(self._heard)
+
+    @property
+    def usable(self) -> bool:
+        return not self._closed and not self._conn.broken
+
+    def run(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        """One statement in autocommit on this connection, its rows; the driver's errors."""
+        with self._conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
 
     def hears(self, bridge: Bridge, timeout: float = 2.0) -> bool:
         """Whether a NOTIFY sent the way claims go reaches this connection. Through
@@ -786,6 +851,9 @@ class Listener:
         return False
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._raw.invalidate()
         except Exception:  # noqa: BLE001 - closing a connection that may already be broken
@@ -798,7 +866,10 @@ def listener_for(bridge: Bridge) -> Listener | None:
         return None
     alias = conf.value("LISTEN_DATABASE") or bridge.alias
     if alias == bridge.alias:
-        return Listener(bridge.engine, NOTIFY_CHANNEL)
+        # Claims run on it too: a claim answers the NOTIFY it just received. (Not on a
+        # LISTEN_DATABASE of its own: that alias connects past the pooler claims go through.)
+        bridge.claim_listener = Listener(bridge.engine, NOTIFY_CHANNEL)
+        return bridge.claim_listener
     if bridge.listen_engine is None:
         bridge.listen_engine = engine_for(alias, bridge.lease_seconds, pool_size=1, max_overflow=0)
     return Listener(bridge.listen_engine, NOTIFY_CHANNEL)

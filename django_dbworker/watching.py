@@ -48,7 +48,11 @@ class Watcher:
         """(pool, handle) for each child handle that is ready, (None, listener) if the
         listener is; a poke only ends the wait."""
         self._watch(pools, listener)
-        ready_owners = []
+        # (notifications read with the result of a claim on its connection)
+        heard = listener is not None and listener.heard()
+        ready_owners: list[tuple[Pool | None, Any]] = [(None, listener)] if heard else []
+        if heard:
+            timeout = 0.0
         for fd, _ in self._poll.poll(max(timeout, 0.0) * 1000):
             handle, owner = self._owners[fd]
             if fd == self._wake_r:
@@ -56,7 +60,7 @@ class Watcher:
                     os.read(self._wake_r, 1024)
                 except BlockingIOError:
                     pass
-            else:
+            elif not (heard and handle is listener):
                 ready_owners.append((owner, handle))
         return ready_owners
 
