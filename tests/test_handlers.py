@@ -222,19 +222,55 @@ def test_a_lost_claim_in_a_group_discards_that_row_and_keeps_the_others(monkeypa
     assert Execution.objects.get(pk=claims[2].execution_id).status == ExecutionStatus.WORKING
 
 
+@pytest.mark.parametrize("rows", [3, 1])  # a group, and a row that arrived alone
 @pytest.mark.parametrize("why", ["stopping", "revoked"])
-def test_a_child_hands_back_rows_it_has_not_started(why):
+def test_a_child_hands_back_rows_it_has_not_started(why, rows):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
     from django_dbworker.child import SLOT_REVOKE, SLOT_SIZE, run_group
 
-    [Document.objects.create() for _ in range(3)]
-    claims = claim("docs", 3, "test:stop")
+    [Document.objects.create() for _ in range(rows)]
+    claims = claim("docs", rows, "test:stop")
     pending = deque(c.delivery(i) for i, c in enumerate(claims, 1))
     slot, stop = RawArray("d", SLOT_SIZE), RawValue("b", why == "stopping")
     slot[SLOT_REVOKE] = why == "revoked"
     results = run_group(registry["docs"], "default", pending, slot, stop)
-    assert [kind for kind, _, _ in results] == ["skipped"] * 3
+    assert [kind for kind, _, _ in results] == ["skipped"] * rows
     assert slot[SLOT_REVOKE] == 0  # a revocation is answered once
     assert effects("docs") == {}
+
+
+# -- a row that arrives alone: its own transaction, no savepoint ---------------------------
+def _statements_of(run):
+    """The SQL that ``run()`` sends on the default connection, in order."""
+    from django.db import connection
+
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        result = run()
+    return sent, result
+
+
+@pytest.mark.parametrize("behaviour", ["ok", "fail"])
+def test_a_row_that_arrives_alone_runs_in_one_transaction_without_a_savepoint(behaviour,
+                                                                              monkeypatch):
+    doc = Document.objects.create(behaviour=behaviour)
+    sent, (claims, results, pending) = _statements_of(
+        lambda: _claim_and_run_group("docs", 1, monkeypatch=monkeypatch))
+    assert [kind for kind, _, _ in results] == ["done"] and not pending
+    # Two round trips fewer before the handler starts (a group's savepoint and release):
+    # what the pickup of one row into an idle worker waits for.
+    assert not [sql for sql in sent if "SAVEPOINT" in sql.upper()]
+    if behaviour == "ok":
+        assert effects("docs") == {str(doc.pk): 1}
+        assert execution_status("docs", doc) == ExecutionStatus.FINISHED
+    else:  # its writes rolled back with it, the failure recorded after
+        assert effects("docs") == {}
+        assert execution_status("docs", doc) == ExecutionStatus.FAILED
+        assert Execution.objects.get(pk=claims[0].execution_id).error_type == "ValueError"

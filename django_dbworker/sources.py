@@ -1,0 +1,67 @@
+"""A handler's source row by primary key, for a row that runs alone in a child.
+
+``Model._default_manager.get(pk=...)`` builds and compiles the same SELECT for every row.
+In the pickup of one row into an idle PostgreSQL worker that took longer than the
+database's answer (0.6 of 1.1 ms on our 2-core VM: an idle machine's CPU caches are cold).
+So when the default manager's queryset is plain, its SELECT is compiled once per model and
+database and run as a raw queryset, which builds the instance with the same converters and
+``from_db()``. Anything else (a filter, an annotation, select_related, prefetching,
+extra(), defer()/only(), distinct, a custom ``get()``, iterable or fetch mode) is asked
+with ``.get(pk=...)`` each time, as before: its SQL may change from one call to the next
+(a filter on the current time, say).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections
+from django.db.models import QuerySet
+from django.db.models.query import ModelIterable
+
+_UNSEEN = object()
+_compiled: dict[tuple[type, str], str | None] = {}  # (model, alias) -> SQL with one %s
+
+
+def load(model: type, alias: str, pk: Any) -> Any:
+    """``model``'s row with primary key ``pk`` on ``alias``, as its default manager's
+    ``.get(pk=pk)`` returns it (``model.DoesNotExist`` if there is none)."""
+    manager = model._default_manager  # type: ignore[attr-defined]
+    sql = _compiled.get((model, alias), _UNSEEN)
+    if sql is _UNSEEN:
+        sql = _compiled[model, alias] = compile_get(manager.using(alias), alias, pk)
+    if sql is None:
+        return manager.using(alias).get(pk=pk)
+    found = list(manager.raw(sql, [_db_value(model, alias, pk)]).using(alias))
+    if not found:
+        raise model.DoesNotExist(  # type: ignore[attr-defined]
+            f"{model._meta.object_name} matching query does not exist.")  # type: ignore[attr-defined]
+    return found[0]
+
+
+def compile_get(queryset: QuerySet[Any], alias: str, pk: Any) -> str | None:
+    """The SQL of ``queryset.get(pk=...)``, its one parameter the key, if ``queryset``
+    is plain (see the module's docstring); else None."""
+    query = queryset.query
+    plain = (
+        type(queryset).get is QuerySet.get
+        and queryset._iterable_class is ModelIterable
+        and not getattr(queryset, "_prefetch_related_lookups", ())
+        and getattr(queryset, "_fetch_mode", None) == getattr(QuerySet(queryset.model), "_fetch_mode", None)
+        and not query.where and not query.annotations and not query.extra
+        and query.select_related is False and not query.distinct
+        and query.deferred_loading == (frozenset(), True) and query.combinator is None
+        and not query.low_mark and query.high_mark is None
+    )
+    if not plain:
+        return None
+    sql, params = queryset.filter(pk=pk).order_by().query.sql_with_params()
+    if list(params) != [_db_value(queryset.model, alias, pk)]:
+        return None  # (a key of several columns, say)
+    return str(sql)
+
+
+def _db_value(model: type, alias: str, pk: Any) -> Any:
+    """``pk`` as the ORM passes it to the database in ``filter(pk=pk)``."""
+    field = model._meta.pk  # type: ignore[attr-defined]
+    return field.get_db_prep_value(field.get_prep_value(pk), connections[alias], prepared=True)
