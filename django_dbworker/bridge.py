@@ -74,8 +74,9 @@ def engine_for(alias: str, lease_seconds: float | None = None, **options: Any) -
     kwargs: dict[str, Any] = {
         **POOL_DEFAULTS,
         # No pre-ping: it would add a round trip to every claim. A connection that broke
-        # fails its statement instead; SQLAlchemy then discards the pool's connections
-        # and the coordinator's outage handling takes over.
+        # fails its statement instead; it is discarded (SQLAlchemy discards the pool's
+        # connections; a claim's, see _run_raw, its own) and the coordinator's outage
+        # handling takes over.
         # No rollback when a connection goes back to the pool: every use ends its own
         # transaction (engine.begin() commits or rolls back), and after a database
         # restart that rollback only fails noisily on a dead socket.
@@ -441,31 +442,41 @@ class Bridge:
         to answer it. Errors come out as SQLAlchemy's, like every other statement's (the
         outage handling and the deadlock retry read them)."""
         sql, args = compiled.string, compiled.construct_params(params)
-        listener, fairy = self.claim_listener, None
-        try:
-            if listener is not None and listener.usable:
-                # The server process that just delivered the NOTIFY this claim answers
-                # is still awake: on a machine whose idle CPUs sleep, a round trip to it
-                # took half as long as one to a pool connection's (0.6 vs 1.1-1.3 ms).
+        listener = self.claim_listener
+        if listener is not None and listener.usable:
+            # The server process that just delivered the NOTIFY this claim answers is
+            # still awake: on a machine whose idle CPUs sleep, a round trip to it took
+            # half as long as one to a pool connection's (0.6 vs 1.1-1.3 ms).
+            try:
                 return listener.run(sql, args)
-            fairy = self.engine.raw_connection()
-            dbapi: Any = fairy.driver_connection
+            except self.engine.dialect.loaded_dbapi.Error as exc:
+                if listener.usable:  # the statement failed, not the connection
+                    raise self._wrapped(sql, args, exc) from exc
+                # The LISTEN connection broke (the watcher drops it): the pool's turn. A
+                # claim it may have committed waits for its lease, as on any lost answer.
+                logger.debug("LISTEN connection lost during a claim (%s); claiming on the pool", exc)
+        fairy = self.engine.raw_connection()
+        dbapi: Any = fairy.driver_connection
+        try:
             dbapi.autocommit = True
             try:
                 with dbapi.cursor() as cursor:
                     cursor.execute(sql, args)
                     return cursor.fetchall()
             finally:
-                dbapi.autocommit = False  # (as the pool hands connections out)
+                if not dbapi.closed:
+                    dbapi.autocommit = False  # (as the pool hands connections out)
         except self.engine.dialect.loaded_dbapi.Error as exc:
-            if fairy is not None:
-                fairy.invalidate(exc)  # (in an unknown state: a new one next time)
-            raise sa.exc.DBAPIError.instance(
-                sql, args, exc, self.engine.dialect.loaded_dbapi.Error,
-                dialect=self.engine.dialect) from exc
+            if dbapi.broken or dbapi.closed:
+                fairy.invalidate(exc)  # (a new connection next time)
+            raise self._wrapped(sql, args, exc) from exc
         finally:
-            if fairy is not None:
-                fairy.close()  # back to the pool (or, invalidated, closed)
+            fairy.close()  # back to the pool (or, invalidated, closed)
+
+    def _wrapped(self, sql: str, args: Any, exc: Exception) -> sa.exc.StatementError:
+        """A DB-API error as SQLAlchemy's (OperationalError for psycopg's, and so on)."""
+        return sa.exc.DBAPIError.instance(sql, args, exc, self.engine.dialect.loaded_dbapi.Error,
+                                          dialect=self.engine.dialect)
 
     def _claim_lock_then_update(self, built: ClaimStatement,
                                 params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
@@ -784,7 +795,8 @@ class Listener:
     """PostgreSQL LISTEN on the channel the pending-row triggers NOTIFY: wakes an idle
     coordinator the moment a row is inserted, instead of at its next poll. It listens on
     a connection of its own, from DBWORKER["LISTEN_DATABASE"] when that names another
-    alias (a direct connection, when the claims go through PgBouncer)."""
+    alias (a direct connection, when the claims go through PgBouncer); on the claims'
+    own alias, claims run on that connection too (Bridge._run_raw)."""
 
     def __init__(self, engine: Engine, channel: str) -> None:
         # Raw DBAPI connections raise psycopg's errors, not SQLAlchemy's: wrap them so

@@ -65,6 +65,8 @@ class Wakeups:
     # -- NOTIFY ----------------------------------------------------------------------------
     def listen(self, bridge: Bridge) -> None:
         """LISTEN for wake-ups, if the database can, and check once that they arrive."""
+        if self.listener is not None and not self.listener.usable:
+            self.close()  # (broken during a claim on it: the watcher may not have seen it yet)
         if self._no_notifications or self.listener is not None or not bridge.vendor.notifies:
             return
         self.listener = self.health.call(listener_for, bridge)
@@ -91,6 +93,7 @@ class Wakeups:
         except Exception as exc:  # noqa: BLE001 - the listener's connection broke
             logger.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self.close()
+            self.wake_all()  # (a notification it had read may be lost with it)
             return False  # the next renewal listens again
         for name in names:
             if name in self.backoff:

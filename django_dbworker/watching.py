@@ -47,6 +47,10 @@ class Watcher:
              timeout: float) -> list[tuple[Pool | None, Any]]:
         """(pool, handle) for each child handle that is ready, (None, listener) if the
         listener is; a poke only ends the wait."""
+        if listener is not None and not listener.usable:
+            # Broken during a claim on it (its socket is gone: no file number to watch):
+            # ready, so that its drain() fails and the coordinator drops it.
+            return [(None, listener)]
         self._watch(pools, listener)
         # (notifications read with the result of a claim on its connection)
         heard = listener is not None and listener.heard()

@@ -8,13 +8,15 @@ the coordinator. And a LISTEN connection that breaks must not take claims down w
 import os
 import select
 
+import psycopg
 import pytest
-import sqlalchemy as sa
 from django.db import connection
 
-from django_dbworker.bridge import DATABASE_ERRORS, Bridge, listener_for
+from django_dbworker import Coordinator
+from django_dbworker.bridge import Bridge, listener_for
 from django_dbworker.registry import registry
 from django_dbworker.watching import Watcher
+from tests.helpers import execution, wait_for
 from tests.testapp.models import Document
 
 pytestmark = [
@@ -51,20 +53,46 @@ def test_claims_run_on_the_listen_connection_and_a_notification_read_with_one_st
     assert not listener.heard()  # handed over once
 
 
-def test_a_broken_listen_connection_fails_one_claim_then_claims_go_through_the_pool(listening):
+def test_a_listen_connection_that_breaks_under_a_claim_hands_it_to_the_pool_and_is_dropped(
+        listening):
     bridge, listener = listening
     pid = listener.run("SELECT pg_backend_pid()", {})[0][0]
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
     doc = Document.objects.create()
-    # The claim meets the broken connection: an error the outage handling knows, and
-    # the row is still claimable (nothing was claimed).
-    with pytest.raises(DATABASE_ERRORS) as failed:
-        bridge.claim(registry["docs"], 5, "test:listener")
-    assert isinstance(failed.value, sa.exc.DBAPIError)
-    assert not listener.usable
-    [claimed] = bridge.claim(registry["docs"], 5, "test:listener")  # through the pool
+    # The claim meets the broken connection and runs again on a pool connection.
+    [claimed] = bridge.claim(registry["docs"], 5, "test:listener")
     assert claimed.source_id == str(doc.pk)
+    assert not listener.usable
+    # Its socket is gone: the watcher reports it at once, and its drain() fails (the
+    # coordinator then drops it and listens again).
+    assert Watcher().wait([], listener, timeout=10.0) == [(None, listener)]
+    with pytest.raises(psycopg.Error):
+        listener.drain()
+    Document.objects.create()  # later claims: the pool's
+    assert len(bridge.claim(registry["docs"], 5, "test:listener")) == 1
+
+
+def test_a_coordinator_whose_listen_connection_is_killed_goes_on_picking_up_rows():
+    coordinator = Coordinator(["docs"], poll_seconds=0.25, max_poll_seconds=10, lease_seconds=3)
+    coordinator.start()
+    try:
+        first = Document.objects.create()
+        wait_for(lambda: execution("docs", first).status == "finished", timeout=30)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+                           "AND query LIKE %s", ["%dbw_claim%"])
+            assert cursor.fetchone() is not None  # (the listener ran the last claim)
+        docs = [Document.objects.create() for _ in range(3)]
+        wait_for(lambda: all(execution("docs", d).status == "finished" for d in docs),
+                 timeout=30)
+        wait_for(lambda: coordinator.wakeups.listener is not None
+                 and coordinator.wakeups.listener.usable, timeout=30)  # listening again
+        last = Document.objects.create()
+        wait_for(lambda: execution("docs", last).status == "finished", timeout=30)
+    finally:
+        coordinator.stop()
 
 
 def test_a_closed_listener_is_not_used_for_claims(listening):
