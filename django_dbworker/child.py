@@ -1,15 +1,15 @@
 """The child process: runs one worker's handler on the rows the coordinator sends it.
 
 Started with ``spawn`` (a fresh interpreter, Django set up once, reused for many rows).
-Every row's handler runs in its own savepoint, and its new status is written in the same
-transaction, only while the claim token still matches: a row's writes and its outcome
-commit together or not at all.
+A row's new status is written in the transaction its handler ran in, only while the claim
+token still matches: a row's writes and its outcome commit together or not at all.
 
 Quick rows are grouped: one transaction holds the rows of up to ``GROUP_SECONDS`` (at
-most ``GROUP_ROWS`` of them), loads their source rows with one query and writes their
-outcomes with one statement per status. A group that cannot finish as a whole (a lost
-claim, a transaction the database aborted) is rolled back and its rows run again one per
-transaction. A slow handler is a group of one.
+most ``GROUP_ROWS`` of them), each handler in its own savepoint, loads their source rows
+with one query and writes their outcomes with one statement per status. A group that
+cannot finish as a whole (a lost claim, a transaction the database aborted) is rolled back
+and its rows run again one per transaction. A row that arrives alone runs in a transaction
+of its own with no savepoint (run()): a failure rolls it back and is recorded in the next.
 """
 
 from __future__ import annotations
@@ -243,12 +243,14 @@ def _run_alone(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
     runs as run() runs it: no savepoint, so two round trips fewer before its handler
     starts; a failure rolls its transaction back and is recorded in the next."""
     row = pending[0]
+    failpoints.reached("child.before_begin")  # row received, not started, no transaction
     if not _may_start(slot, row):
         return []  # revoked: the next call hands it back
     pending.popleft()
     result = run(worker, alias, row, slot, timings)
     if result[0] == INTERRUPTED:
-        slot[SLOT_REVOKE] = 0  # (as for a group: everything waiting goes back)
+        # (as for a group: a revocation asked for meanwhile counts as answered)
+        slot[SLOT_REVOKE] = 0
     return [result]
 
 
@@ -453,7 +455,6 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
     seq = row[0]
     started = timezone.now()
     ran_on = None
-    failpoints.reached("child.before_begin")  # no transaction open yet
     try:
         with transaction.atomic(using=alias):
             ran_on = connections[alias].connection
@@ -468,11 +469,13 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
             slot[SLOT_SEQ] = 0
             finished = timezone.now()
             _timed(timings, row, started, finished)
-            if _write_outcomes(worker, alias, [(row, outcome, started, finished)]) != 1:
-                raise LostClaim(f"Execution {row[1]} was claimed by another process")
-            _after_commit(alias, worker, row, outcome.status.value, None, None)
-            failpoints.reached("child.before_commit")
-        return (DONE, seq, outcome.status.value)
+            if not connections[alias].needs_rollback:
+                return _commit_outcome(worker, alias, row, outcome, started, finished)
+        # The handler called transaction.set_rollback(True): its writes are rolled back
+        # and its outcome stands, in a transaction of its own (in a group, its savepoint
+        # gives the same).
+        with transaction.atomic(using=alias):
+            return _commit_outcome(worker, alias, row, outcome, started, finished)
     except LostClaim:
         return (LOST, seq, None)
     except Exception as exc:
@@ -486,6 +489,18 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
             _database_gone(alias, second)
             return (INTERRUPTED, seq, _describe(second))
         return (DONE, seq, status) if status else (LOST, seq, None)
+
+
+def _commit_outcome(worker: Any, alias: str, row: Delivery, outcome: Any, started: datetime,
+                    finished: datetime) -> Result:
+    """In the row's transaction, about to commit: its outcome, if its claim still holds."""
+    from .exceptions import LostClaim
+
+    if _write_outcomes(worker, alias, [(row, outcome, started, finished)]) != 1:
+        raise LostClaim(f"Execution {row[1]} was claimed by another process")
+    _after_commit(alias, worker, row, outcome.status.value, None, None)
+    failpoints.reached("child.before_commit")
+    return (DONE, row[0], outcome.status.value)
 
 
 def outcome_values(outcome: Any) -> dict[str, Any]:

@@ -6,9 +6,9 @@ database's answer (0.6 of 1.1 ms on our 2-core VM: an idle machine's CPU caches 
 So when the default manager's queryset is plain, its SELECT is compiled once per model and
 database and run as a raw queryset, which builds the instance with the same converters and
 ``from_db()``. Anything else (a filter, an annotation, select_related, prefetching,
-extra(), defer()/only(), distinct, a custom ``get()``, iterable or fetch mode) is asked
-with ``.get(pk=...)`` each time, as before: its SQL may change from one call to the next
-(a filter on the current time, say).
+extra(), defer()/only(), distinct, an overridden ``get()`` or fetching method, a custom
+iterable or fetch mode) is asked with ``.get(pk=...)`` each time, as before: its SQL may
+change from one call to the next (a filter on the current time, say).
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ from django.db.models import QuerySet
 from django.db.models.query import ModelIterable
 
 _UNSEEN = object()
+# The QuerySet methods between get(pk=...) and its rows: a subclass that overrides one
+# (a soft-delete scope applied in _fetch_all, say) is asked with .get() each time.
+FETCHING = ("get", "filter", "_filter_or_exclude", "_filter_or_exclude_inplace", "_chain",
+            "_clone", "_fetch_all", "iterator", "_iterator", "__iter__", "__len__", "all",
+            "using", "order_by")
 _compiled: dict[tuple[type, str], str | None] = {}  # (model, alias) -> SQL with one %s
 
 
@@ -44,7 +49,9 @@ def compile_get(queryset: QuerySet[Any], alias: str, pk: Any) -> str | None:
     is plain (see the module's docstring); else None."""
     query = queryset.query
     plain = (
-        type(queryset).get is QuerySet.get
+        # (a QuerySet subclass may add methods, but not change how rows are fetched)
+        all(getattr(type(queryset), name, None) is getattr(QuerySet, name, None)
+            for name in FETCHING)
         and queryset._iterable_class is ModelIterable
         and not getattr(queryset, "_prefetch_related_lookups", ())
         and getattr(queryset, "_fetch_mode", None) == getattr(QuerySet(queryset.model), "_fetch_mode", None)
@@ -55,7 +62,7 @@ def compile_get(queryset: QuerySet[Any], alias: str, pk: Any) -> str | None:
     )
     if not plain:
         return None
-    sql, params = queryset.filter(pk=pk).order_by().query.sql_with_params()
+    sql, params = queryset.filter(pk=pk).order_by().query.get_compiler(using=alias).as_sql()
     if list(params) != [_db_value(queryset.model, alias, pk)]:
         return None  # (a key of several columns, say)
     return str(sql)

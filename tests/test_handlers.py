@@ -274,3 +274,37 @@ def test_a_row_that_arrives_alone_runs_in_one_transaction_without_a_savepoint(be
         assert effects("docs") == {}
         assert execution_status("docs", doc) == ExecutionStatus.FAILED
         assert Execution.objects.get(pk=claims[0].execution_id).error_type == "ValueError"
+
+
+@pytest.mark.parametrize("rows", [1, 3])  # alone (no savepoint), and a group
+def test_a_handler_that_sets_rollback_loses_its_writes_and_its_row_still_finishes(rows,
+                                                                                 monkeypatch):
+    docs = [Document.objects.create(behaviour="discard") for _ in range(rows)]
+    _, results, pending = _claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
+    assert [kind for kind, _, _ in results] == ["done"] * rows and not pending
+    assert effects("docs") == {}
+    assert {execution_status("docs", d) for d in docs} == {ExecutionStatus.FINISHED}
+
+
+def test_a_row_revoked_as_it_is_about_to_start_alone_is_handed_back_unrun(monkeypatch):
+    from collections import deque
+    from multiprocessing.sharedctypes import RawArray, RawValue
+
+    from django_dbworker import child
+    from django_dbworker.child import SLOT_REVOKE, SLOT_SEQ, SLOT_SIZE, run_group
+
+    doc = Document.objects.create()
+    [held] = claim("docs", 1, "test:alone")
+    pending = deque([held.delivery(held.execution_id)])
+    slot, stop = RawArray("d", SLOT_SIZE), RawValue("b", 0)
+
+    def revoked_now(point):  # the coordinator revokes after the child's first look
+        if point == "child.before_begin":
+            slot[SLOT_REVOKE] = 1
+
+    monkeypatch.setattr(child.failpoints, "reached", revoked_now)
+    assert run_group(registry["docs"], "default", pending, slot, stop) == []  # not started
+    assert len(pending) == 1 and slot[SLOT_SEQ] == 0
+    results = run_group(registry["docs"], "default", pending, slot, stop)
+    assert [kind for kind, _, _ in results] == ["skipped"]
+    assert effects("docs") == {} and execution_status("docs", doc) == ExecutionStatus.WORKING

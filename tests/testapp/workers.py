@@ -34,6 +34,10 @@ def handle_document(doc: Document):
     if b == "commit":
         effect("docs", doc.pk)
         transaction.commit()
+    if b == "discard":  # its writes go, its outcome stays
+        effect("docs", doc.pk)
+        transaction.set_rollback(True)
+        return Finished()
     if b == "wrong_return":
         effect("docs", doc.pk)
         return "done"
