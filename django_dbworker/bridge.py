@@ -816,7 +816,6 @@ class Listener:
             self._conn.execute(f"LISTEN {channel}")
         except engine.dialect.loaded_dbapi.Error as exc:
             raise sa.exc.OperationalError(f"LISTEN {channel}", None, exc) from exc
-        self._closed = False
 
     def fileno(self) -> int:
         return int(self._conn.pgconn.socket)
@@ -836,7 +835,7 @@ class Listener:
 
     @property
     def usable(self) -> bool:
-        return not self._closed and not self._conn.broken
+        return not self._conn.closed and not self._conn.broken  # (closed: by close())
 
     def run(self, sql: str, params: dict[str, Any]) -> list[Any]:
         """One statement in autocommit on this connection, its rows; the driver's errors."""
@@ -863,9 +862,8 @@ class Listener:
         return False
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        if self._conn.closed:
+            return  # (closed already: invalidating again only warns)
         try:
             self._raw.invalidate()
         except Exception:  # noqa: BLE001 - closing a connection that may already be broken

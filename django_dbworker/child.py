@@ -281,7 +281,7 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
     try:
         with transaction.atomic(using=alias):
             ran_on = connection.connection
-            sources = _load_sources(worker, alias, take)
+            loaded = sources.load_many(worker.source, worker.pk_field, alias, take)
             for row in take:
                 if done and (stop.value or time.monotonic() >= deadline):
                     break
@@ -291,7 +291,7 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
                 started = timezone.now()
                 try:
                     with transaction.atomic(using=alias):
-                        outcome = _call_handler(worker, sources, row, slot)
+                        outcome = _call_handler(worker, loaded, row, slot)
                     finished = timezone.now()
                     outcomes.append((row, outcome, started, finished))
                     _timed(timings, row, started, finished)
@@ -335,15 +335,8 @@ def _may_start(slot: Any, row: Delivery) -> bool:
     return True
 
 
-def _load_sources(worker: Any, alias: str, rows: Sequence[Delivery]) -> dict[int, Any]:
-    """The source row of each delivery, with one query (missing ones: deleted)."""
-    keys = {r[0]: worker.pk_field.to_python(r[2]) for r in rows}
-    found = worker.source._default_manager.using(alias).in_bulk(set(keys.values()))
-    return {seq: found[key] for seq, key in keys.items() if key in found}
-
-
-def _call_handler(worker: Any, sources: dict[int, Any], row: Delivery, slot: Any) -> Any:
-    source = sources.get(row[0])
+def _call_handler(worker: Any, loaded: dict[int, Any], row: Delivery, slot: Any) -> Any:
+    source = loaded.get(row[0])
     if source is None:
         raise worker.source.DoesNotExist(
             f"{worker.source.__name__} with pk {row[2]!r} does not exist (deleted after "

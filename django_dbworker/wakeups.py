@@ -65,8 +65,6 @@ class Wakeups:
     # -- NOTIFY ----------------------------------------------------------------------------
     def listen(self, bridge: Bridge) -> None:
         """LISTEN for wake-ups, if the database can, and check once that they arrive."""
-        if self.listener is not None and not self.listener.usable:
-            self.close()  # (broken during a claim on it: the watcher may not have seen it yet)
         if self._no_notifications or self.listener is not None or not bridge.vendor.notifies:
             return
         self.listener = self.health.call(listener_for, bridge)

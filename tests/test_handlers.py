@@ -1,5 +1,6 @@
 """Handler semantics (SPEC section 2), end to end through real spawned children."""
 
+import os
 import uuid
 
 import pytest
@@ -308,3 +309,19 @@ def test_a_row_revoked_as_it_is_about_to_start_alone_is_handed_back_unrun(monkey
     results = run_group(registry["docs"], "default", pending, slot, stop)
     assert [kind for kind, _, _ in results] == ["skipped"]
     assert effects("docs") == {} and execution_status("docs", doc) == ExecutionStatus.WORKING
+
+
+@pytest.mark.skipif(os.environ.get("DBWORKER_TEST_DB", "sqlite") == "sqlite", reason="a SQLite file has no connection "
+                    "to lose (PostgreSQL and MariaDB runs only)")
+@pytest.mark.parametrize("rows", [1, 3])  # alone, and a group
+def test_a_row_whose_connection_is_lost_under_it_is_interrupted_not_failed(rows, monkeypatch):
+    """Django drops a connection whose rollback failed and connects again at once: the
+    child must still tell the server's failure from the handler's, and count no attempt."""
+    docs = [Document.objects.create(behaviour="lose_connection") for _ in range(rows)]
+    _, results, _ = _claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
+    assert "interrupted" in [kind for kind, _, _ in results]
+    assert "done" not in [kind for kind, _, _ in results]
+    assert effects("docs") == {}
+    for d in docs:  # held by the claim until the coordinator gives it back: not failed
+        e = Execution.objects.get(worker="docs", source_id=str(d.pk))
+        assert e.status == ExecutionStatus.WORKING and e.error_type is None

@@ -34,6 +34,15 @@ def handle_document(doc: Document):
     if b == "commit":
         effect("docs", doc.pk)
         transaction.commit()
+    if b == "lose_connection":  # the server drops its connection (as a restart would)
+        effect("docs", doc.pk)
+        from django.db import connections
+        with connections["default"].cursor() as cursor:
+            if connections["default"].vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            else:
+                cursor.execute("SELECT CONNECTION_ID()")
+                cursor.execute("KILL %s", [cursor.fetchone()[0]])
     if b == "discard":  # its writes go, its outcome stays
         effect("docs", doc.pk)
         transaction.set_rollback(True)
