@@ -5,8 +5,9 @@ A row's new status is written in the transaction its handler ran in, only while 
 token still matches: a row's writes and its outcome commit together or not at all.
 
 Quick rows are grouped: one transaction holds the rows of up to ``GROUP_SECONDS`` (at
-most ``GROUP_ROWS`` of them), each handler in its own savepoint, loads their source rows
-with one query and writes their outcomes with one statement per status. A group that
+most ``GROUP_ROWS`` of them), each handler in its own savepoint (kept, not released, when
+it succeeds: savepoints.py), loads their source rows with one query and writes their
+outcomes with one statement per status. A group that
 cannot finish as a whole (a lost claim, a transaction the database aborted) is rolled back
 and its rows run again one per transaction. A row that arrives alone runs in a transaction
 of its own with no savepoint (run()): a failure rolls it back and is recorded in the next.
@@ -29,7 +30,7 @@ from importlib import import_module
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import failpoints, sources, tracing
+from . import failpoints, savepoints, sources, tracing
 from .protocol import (
     DONE,
     INTERRUPTED,
@@ -290,7 +291,7 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
                 done.append(row)
                 started = timezone.now()
                 try:
-                    with transaction.atomic(using=alias):
+                    with savepoints.kept_savepoint(alias):
                         outcome = _call_handler(worker, loaded, row, slot)
                     finished = timezone.now()
                     outcomes.append((row, outcome, started, finished))

@@ -23,6 +23,15 @@ def effect(name: str, key) -> None:
         eligible=lambda: Document.objects.filter(uploaded=True))
 def handle_document(doc: Document):
     b = doc.behaviour
+    if b.startswith("on_commit"):  # "on_commit", or "on_commit+fail": a callback, then b
+        transaction.on_commit(lambda: effect("docs.on_commit", doc.pk))
+        b = b.partition("+")[2]
+    if b == "abort":  # ends the transaction under the child's feet, then fails
+        effect("docs", doc.pk)
+        from django.db import connections
+        with connections["default"].cursor() as cursor:
+            cursor.execute("ROLLBACK")
+        raise ValueError(f"aborted the transaction of document {doc.pk}")
     if b.startswith("hold:"):  # a gate of its own, which a test can hold (held_handler)
         gate_file(b.split(":", 1)[1]).write_text(str(os.getpid()))
     if b.startswith("sleep:"):
