@@ -5,12 +5,13 @@ A row's new status is written in the transaction its handler ran in, only while 
 token still matches: a row's writes and its outcome commit together or not at all.
 
 Quick rows are grouped: one transaction holds the rows of up to ``GROUP_SECONDS`` (at
-most ``GROUP_ROWS`` of them), each handler in its own savepoint (kept, not released, when
-it succeeds: savepoints.py), loads their source rows with one query and writes their
-outcomes with one statement per status. A group that
+most ``GROUP_ROWS`` of them), each handler in its own savepoint, loads their source rows
+with one query and writes their outcomes with one statement per status. A group that
 cannot finish as a whole (a lost claim, a transaction the database aborted) is rolled back
 and its rows run again one per transaction. A row that arrives alone runs in a transaction
-of its own with no savepoint (run()): a failure rolls it back and is recorded in the next.
+of its own (run()): a failure rolls it back and is recorded in the next. Where the driver
+can tell that a handler left its transaction open, a group's savepoints are kept rather
+than released and a row alone has none (savepoints.py).
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
                 done.append(row)
                 started = timezone.now()
                 try:
-                    with savepoints.kept_savepoint(alias):
+                    with savepoints.handler_block(alias, grouped=True):
                         outcome = _call_handler(worker, loaded, row, slot)
                     finished = timezone.now()
                     outcomes.append((row, outcome, started, finished))
@@ -438,8 +439,9 @@ def _write_outcomes(worker: Any, alias: str,
 
 def run(worker: Any, alias: str, row: Delivery, slot: Any,
         timings: dict[int, tuple[float, float]] | None = None) -> Result:
-    """Run one row in its own transaction, with no savepoint (a row that arrived alone,
-    or one of a group that failed): a failure rolls it all back, and record_failure()
+    """Run one row in its own transaction (a row that arrived alone, or one of a group
+    that failed), with no savepoint where the driver can tell that the handler left the
+    transaction open (savepoints.py): a failure rolls it all back, and record_failure()
     writes it in the next."""
     from django.db import connections, transaction
     from django.utils import timezone
@@ -458,7 +460,8 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
             started = timezone.now()
             _enter(row)
             with tracing.span(worker.name, row[2], row[4]) as current:
-                outcome = _checked(worker, worker.handler(source))
+                with savepoints.handler_block(alias, grouped=False):
+                    outcome = _checked(worker, worker.handler(source))
                 _set_outcome(current, outcome.status.value)
             slot[SLOT_SEQ] = 0
             finished = timezone.now()

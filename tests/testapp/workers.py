@@ -26,12 +26,23 @@ def handle_document(doc: Document):
     if b.startswith("on_commit"):  # "on_commit", or "on_commit+fail": a callback, then b
         transaction.on_commit(lambda: effect("docs.on_commit", doc.pk))
         b = b.partition("+")[2]
-    if b == "abort":  # ends the transaction under the child's feet, then fails
+    if b in ("abort", "abort_quietly"):  # ends the transaction under the child's feet
         effect("docs", doc.pk)
         from django.db import connections
         with connections["default"].cursor() as cursor:
             cursor.execute("ROLLBACK")
-        raise ValueError(f"aborted the transaction of document {doc.pk}")
+        if b == "abort":
+            raise ValueError(f"aborted the transaction of document {doc.pk}")
+        return Finished()
+    if b == "swallow_error":  # a database error caught and ignored (aborts a PostgreSQL
+        effect("docs", doc.pk)  # transaction; elsewhere only the statement fails)
+        from django.db import DatabaseError, connections
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT * FROM no_such_table_here")
+        except DatabaseError:
+            pass
+        return Finished()
     if b.startswith("hold:"):  # a gate of its own, which a test can hold (held_handler)
         gate_file(b.split(":", 1)[1]).write_text(str(os.getpid()))
     if b.startswith("sleep:"):
