@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import socket
 import time
@@ -313,8 +314,13 @@ def test_two_coordinators_run_a_thousand_tasks_none_twice():
         outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert effects("task.record") == {str(i): 1 for i in range(n)}
-    claimed = [int(o.split("claimed ")[1].split(",")[0]) for o, _ in outs]
-    assert sum(claimed) == n and all(c > 0 for c in claimed), claimed
+    # Each coordinator's last line counts its claims and the rows it gave back unrun (rows
+    # waiting behind a handler that ran long, on a busy machine): each of those was claimed
+    # once more. Every claim is accounted for, and both coordinators took part.
+    claimed = [int(re.search(r"claimed (\d+)", o).group(1)) for o, _ in outs]
+    released = [int(re.search(r"released (\d+)", o).group(1)) for o, _ in outs]
+    assert sum(claimed) - sum(released) == n and all(c > 0 for c in claimed), (
+        claimed, released, [o[-2000:] + e[-2000:] for o, e in outs])
 
 
 # -- retention and the admin ------------------------------------------------------------------
