@@ -310,6 +310,13 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
                     status = record_failure(worker, alias, row, exc, started)
                     failures.append((DONE, row[0], status) if status else (LOST, row[0], None))
             row = None
+            if outcomes:
+                try:
+                    worker.before_outcomes(alias, [loaded[r[0]] for r, _, _, _ in outcomes])
+                except DatabaseError:
+                    raise
+                except Exception as exc:  # (a bug of the hook's: the rows run alone)
+                    raise _GroupFailed from exc
             by_status: dict[str, list[tuple[Delivery, Any, datetime, datetime]]] = {}
             for item in outcomes:
                 by_status.setdefault(item[1].status.value, []).append(item)
@@ -467,12 +474,12 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
             finished = timezone.now()
             _timed(timings, row, started, finished)
             if not connections[alias].needs_rollback:
-                return _commit_outcome(worker, alias, row, outcome, started, finished)
+                return _commit_outcome(worker, alias, row, source, outcome, started, finished)
         # The handler called transaction.set_rollback(True): its writes are rolled back
         # and its outcome stands, in a transaction of its own (in a group, its savepoint
         # gives the same).
         with transaction.atomic(using=alias):
-            return _commit_outcome(worker, alias, row, outcome, started, finished)
+            return _commit_outcome(worker, alias, row, source, outcome, started, finished)
     except LostClaim:
         return (LOST, seq, None)
     except Exception as exc:
@@ -488,11 +495,12 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
         return (DONE, seq, status) if status else (LOST, seq, None)
 
 
-def _commit_outcome(worker: Any, alias: str, row: Delivery, outcome: Any, started: datetime,
-                    finished: datetime) -> Result:
+def _commit_outcome(worker: Any, alias: str, row: Delivery, source: Any, outcome: Any,
+                    started: datetime, finished: datetime) -> Result:
     """In the row's transaction, about to commit: its outcome, if its claim still holds."""
     from .exceptions import LostClaim
 
+    worker.before_outcomes(alias, [source])
     if _write_outcomes(worker, alias, [(row, outcome, started, finished)]) != 1:
         raise LostClaim(f"Execution {row[1]} was claimed by another process")
     _after_commit(alias, worker, row, outcome.status.value, None, None)

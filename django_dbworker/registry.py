@@ -75,6 +75,11 @@ class Worker:
         """Called in the child, inside the transaction that records a failed attempt
         (task queues keep the error on their own row); ``final``: no retry follows."""
 
+    def before_outcomes(self, alias: str, sources: list[Any]) -> None:
+        """Called in the child once its handlers returned, in their transaction, just
+        before their outcomes are written, with the source rows they returned for (task
+        queues write the rows' results here: one statement for a whole group)."""
+
     def trigger_source(self) -> TriggerSource:
         """What migrate's triggers need to know about this worker's source table."""
         from .vendors import TriggerSource

@@ -130,6 +130,66 @@ def test_a_commit_inside_a_task_is_a_failure_naming_the_fix():
     assert "Don't commit in a handler" in executions(result).error_message
 
 
+def _run_in_one_group(n):
+    """Claim n tasks of the default queue and run them as one child would, here: the SQL
+    it sent, and the results."""
+    from collections import deque
+    from multiprocessing.sharedctypes import RawArray, RawValue
+
+    from django_dbworker import child
+    from django_dbworker.registry import registry
+    from tests.helpers import claim
+
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append((sql, many))
+        return execute(sql, params, many, context)
+
+    claims = claim(DEFAULT, n, "test:group")
+    assert len(claims) == n
+    pending = deque(c.delivery(i) for i, c in enumerate(claims, 1))
+    with connection.execute_wrapper(record):
+        done = child.run_group(registry[DEFAULT], "default", pending,
+                               RawArray("d", child.SLOT_SIZE), RawValue("b", 0))
+    assert [kind for kind, _, _ in done] == ["done"] * n
+    return sent
+
+
+def test_a_group_of_tasks_writes_their_results_in_one_statement(monkeypatch):
+    from django_dbworker import child
+
+    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)  # a busy machine must not split it
+    results = [tasks.add.enqueue(i, 10) for i in range(4)]
+    sent = _run_in_one_group(4)
+    table = Task._meta.db_table
+    task_updates = [(sql, many) for sql, many in sent
+                    if sql.upper().startswith("UPDATE") and table in sql]
+    assert task_updates == [(task_updates[0][0], True)]  # one executemany, not one per task
+    for i, result in enumerate(results):
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == i + 10
+        assert result.started_at == result.last_attempted_at <= result.finished_at
+        assert len(result.worker_ids) == 1 and result.attempts == 1
+    assert effects("task.add") == {f"{i}+10": 1 for i in range(4)}
+
+
+@pytest.mark.parametrize("n", [1, 3])  # a task alone, and in a group
+def test_a_task_that_sets_rollback_loses_its_writes_and_keeps_its_result(n, monkeypatch):
+    from django_dbworker import child
+
+    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
+    results = [tasks.discard.enqueue(f"k{i}") for i in range(n)]
+    _run_in_one_group(n)
+    for i, result in enumerate(results):
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == f"k{i}"
+        assert result.finished_at is not None and len(result.worker_ids) == 1
+    assert effects("task.discard") == {}
+    finished = set(SignalSeen.objects.filter(kind="finished").values_list("key", flat=True))
+    assert finished == {f"{r.id}:{TaskResultStatus.SUCCESSFUL}" for r in results}
+
+
 def test_get_result_of_an_unknown_id():
     for bad in ["00000000-0000-0000-0000-000000000000", "not-a-uuid"]:
         with pytest.raises(TaskResultDoesNotExist):

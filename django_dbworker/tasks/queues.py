@@ -49,6 +49,11 @@ class QueueWorker(Worker):
         if row is not None:  # (deleted: the Execution records DoesNotExist)
             record_failure(row, exc, final)
 
+    def before_outcomes(self, alias: str, sources: list[Any]) -> None:
+        from .runner import save_results
+
+        save_results(alias, sources)
+
     def trigger_source(self) -> Any:
         """One trigger set on the Task table serves every queue: the worker name comes
         from each row's backend and queue, its priority and run_after with it."""

@@ -2,14 +2,18 @@
 
 It runs in the child's transaction like any handler, so the task's own writes on the
 coordination database commit together with its SUCCESSFUL status (and roll back with a
-failure). ``task_started`` is sent in the child before the task runs, ``task_finished``
-after the outcome committed.
+failure). The row's result (times, worker, return value) is written with the outcome,
+by ``save_results``: one statement for a group of tasks, not one per task. So a task
+that calls ``transaction.set_rollback(True)`` discards its own writes and keeps its
+result, as any handler keeps its outcome. ``task_started`` is sent in the child before
+the task runs, ``task_finished`` after the outcome committed.
 """
 
 from __future__ import annotations
 
 import json
 import traceback
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -20,8 +24,9 @@ from ..outcomes import Finished
 from .compat import TaskContext, TaskResultStatus, normalize_json, task_finished, task_started
 from .results import import_task, to_result, worker_ids_of
 
-FIELDS = ["started_at", "last_attempted_at", "worker_ids", "return_value", "finished_at",
-          "errors"]
+# What a success writes; a failure writes its error as well.
+RESULT_FIELDS = ["started_at", "last_attempted_at", "worker_ids", "return_value", "finished_at"]
+FIELDS = [*RESULT_FIELDS, "errors"]
 
 
 def _sender() -> type:
@@ -50,10 +55,36 @@ def run_task(row: Any) -> Finished:
         value = task.call(*result.args, **result.kwargs)
     row.return_value = json_value(task, value)
     row.finished_at = timezone.now()
-    row.save(update_fields=FIELDS)
-    transaction.on_commit(lambda: _finished(row, task, TaskResultStatus.SUCCESSFUL, None),
-                          using=row._state.db)
     return Finished()
+
+
+def save_results(alias: str, rows: list[Any]) -> None:
+    """Write the result of each of ``rows`` (Tasks whose run returned), in the
+    transaction of their outcomes. One statement sent once per group: psycopg pipelines
+    an executemany() (a single round trip), and every driver skips the ORM's per-save
+    work; a task row saved one by one cost two thirds of the task's own job."""
+    from django.db import connections
+
+    from ..models import Task
+
+    if not rows:
+        return
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    fields = [f for f in Task._meta.concrete_fields if f.name in RESULT_FIELDS]
+    pk = Task._meta.pk
+    sets = ", ".join(f"{qn(str(f.column))} = %s" for f in fields)
+    sql = f"UPDATE {qn(Task._meta.db_table)} SET {sets} WHERE {qn(str(pk.column))} = %s"
+    params = [[f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
+              + [pk.get_db_prep_value(row.pk, connection)] for row in rows]
+    with connection.cursor() as cursor:
+        if len(params) == 1:
+            cursor.execute(sql, params[0])
+        else:
+            cursor.executemany(sql, params)
+    for row in rows:  # (here, not in run_task: a task's set_rollback() must not drop it)
+        transaction.on_commit(partial(_finished, row, None, TaskResultStatus.SUCCESSFUL, None),
+                              using=alias)
 
 
 def json_value(task: Any, value: Any) -> Any:

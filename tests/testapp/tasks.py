@@ -76,6 +76,14 @@ async def async_add(a, b):
 
 
 @task()
+def discard(key):
+    """Writes, then asks for its writes to be rolled back: its result stands."""
+    effect("task.discard", key)
+    transaction.set_rollback(True)
+    return key
+
+
+@task()
 def commit_inside():
     transaction.commit()
 
