@@ -275,6 +275,19 @@ class Vendor:
     def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
         raise NotImplementedError
 
+    def update_rows(self, cursor: Any, table: str, columns: Sequence[tuple[str, str]],
+                    key: tuple[str, str], rows: Sequence[Sequence[Any]]) -> None:
+        """Set ``columns`` of several rows, each row to values of its own. ``columns`` and
+        ``key`` are (column, database type) pairs; each of ``rows`` holds its values in
+        column order, then its key. Here an executemany(): psycopg would pipeline it (one
+        round trip), mysqlclient sends one UPDATE per row, SQLite has no round trips."""
+        sets = ", ".join(f"{self.qn(c)} = %s" for c, _ in columns)
+        sql = f"UPDATE {self.qn(table)} SET {sets} WHERE {self.qn(key[0])} = %s"
+        if len(rows) == 1:
+            cursor.execute(sql, rows[0])
+        else:
+            cursor.executemany(sql, rows)
+
     def create_trigger_sql(self, source: TriggerSource) -> list[str]:
         """Row-level triggers (MySQL/MariaDB and SQLite; PostgreSQL uses statement-level
         ones): insert -> a pending Execution, delete -> its history goes (except a row a

@@ -142,6 +142,23 @@ class PostgreSQL(Vendor):
         return (f"INSERT INTO {self.qn(table)} ({columns}) {select_sql} "
                 "ON CONFLICT (worker, source_id) DO NOTHING")
 
+    def update_rows(self, cursor: Any, table: str, columns: Sequence[tuple[str, str]],
+                    key: tuple[str, str], rows: Sequence[Sequence[Any]]) -> None:
+        # One statement, not one per row: each column's values as one typed array, the
+        # rows rebuilt by unnest(). An executemany() is one round trip too, but each of
+        # its statements is planned, executed and fires the table's statement triggers
+        # (measured: a drain of tasks ran 4-5 % faster this way).
+        if len(rows) == 1:
+            super().update_rows(cursor, table, columns, key, rows)
+            return
+        qn = self.qn
+        names = ", ".join(qn(c) for c, _ in [*columns, key])
+        arrays = ", ".join(f"%s::{db_type}[]" for _, db_type in [*columns, key])
+        sets = ", ".join(f"{qn(c)} = v.{qn(c)}" for c, _ in columns)
+        cursor.execute(f"UPDATE {qn(table)} AS t SET {sets} FROM unnest({arrays}) AS v({names}) "
+                       f"WHERE t.{qn(key[0])} = v.{qn(key[0])}",
+                       [list(values) for values in zip(*rows, strict=True)])
+
     def changed_columns_sql(self, columns: Sequence[str], changed: Any) -> str:
         parts = " || ".join(f"CASE WHEN {changed(c)} THEN '{c}, ' ELSE '' END" for c in columns)
         return f"'changed: ' || RTRIM({parts}, ', ')"
