@@ -20,8 +20,10 @@ from typing import Any
 from django.db import DatabaseError, Error, connections, transaction
 
 TELLS_TRANSACTION_STATE = frozenset({"postgresql", "sqlite"})
-# libpq's PQtransactionStatus (psycopg 3's pq.TransactionStatus, psycopg2's constants)
-_PG_IN_TRANSACTION, _PG_IN_FAILED_TRANSACTION = 2, 3
+# libpq's PQtransactionStatus (psycopg 3's pq.TransactionStatus, psycopg2's constants).
+# ACTIVE (a command under way) and UNKNOWN (a broken connection) say nothing about the
+# handler: the next statement finds out.
+_PG_STATES = {0: "ended", 2: "open", 3: "aborted"}  # IDLE, INTRANS, INERROR
 
 
 def handler_block(alias: str, *, grouped: bool) -> AbstractContextManager[Any]:
@@ -48,8 +50,7 @@ def kept_savepoint(alias: str) -> Iterator[None]:
     connection.savepoint_ids.append(sid)
     try:
         yield
-        if not connection.needs_rollback:
-            require_open_transaction(alias)
+        _left_open(alias)
     except BaseException:
         connection.savepoint_ids.pop()
         _roll_back_to(connection, sid)
@@ -62,6 +63,12 @@ def kept_savepoint(alias: str) -> Iterator[None]:
 @contextmanager
 def _transaction_checked(alias: str) -> Iterator[None]:
     yield
+    _left_open(alias)
+
+
+def _left_open(alias: str) -> None:
+    """After a handler returned: unless it asked for a rollback, its transaction must be
+    open and sound."""
     if not connections[alias].needs_rollback:
         require_open_transaction(alias)
 
@@ -92,8 +99,7 @@ def _transaction_state(connection: Any) -> str | None:
         info = getattr(raw, "info", None)  # psycopg 3, else psycopg2
         status = int(info.transaction_status if info is not None
                      else raw.get_transaction_status())
-        return {_PG_IN_TRANSACTION: "open", _PG_IN_FAILED_TRANSACTION: "aborted"}.get(
-            status, "ended")
+        return _PG_STATES.get(status)
     if connection.vendor == "sqlite":
         return "open" if raw.in_transaction else "ended"
     return None
