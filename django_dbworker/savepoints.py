@@ -20,10 +20,10 @@ from typing import Any
 from django.db import DatabaseError, Error, connections, transaction
 
 TELLS_TRANSACTION_STATE = frozenset({"postgresql", "sqlite"})
-# libpq's PQtransactionStatus (psycopg 3's pq.TransactionStatus, psycopg2's constants).
-# ACTIVE (a command under way) and UNKNOWN (a broken connection) say nothing about the
-# handler: the next statement finds out.
-_PG_STATES = {0: "ended", 2: "open", 3: "aborted"}  # IDLE, INTRANS, INERROR
+# libpq's PQtransactionStatus (psycopg 3's pq.TransactionStatus, psycopg2's constants):
+# IDLE, ACTIVE (a command still under way), INTRANS, INERROR. UNKNOWN (a broken
+# connection) says nothing about the handler: the next statement finds out.
+_PG_STATES = {0: "ended", 1: "busy", 2: "open", 3: "aborted"}
 
 
 def handler_block(alias: str, *, grouped: bool) -> AbstractContextManager[Any]:
@@ -82,6 +82,10 @@ def require_open_transaction(alias: str) -> None:
             "The handler ended its transaction (a raw COMMIT or ROLLBACK, or a statement "
             "that commits implicitly): its writes are not its row's. Leave the transaction "
             "to django-dbworker.")
+    if state == "busy":
+        raise DatabaseError(
+            "The handler left a command in progress (a stream(), COPY or pipeline it did "
+            "not finish): finish or close it before returning.")
     if state == "aborted":
         raise DatabaseError(
             "The handler caught a database error and went on, which left its transaction "
@@ -90,7 +94,7 @@ def require_open_transaction(alias: str) -> None:
 
 
 def _transaction_state(connection: Any) -> str | None:
-    """"open", "ended" or "aborted", as the driver knows it (no round trip); None where it
+    """"open", "ended", "aborted" or "busy", as the driver knows it (no round trip); None where it
     cannot tell."""
     raw = connection.connection
     if raw is None:

@@ -156,23 +156,44 @@ def _run_in_one_group(n):
     return sent
 
 
-def test_a_group_of_tasks_writes_their_results_in_one_statement(monkeypatch):
+@pytest.mark.parametrize("returns", ["values", "none"])  # (none: an all-NULL column)
+def test_a_group_of_tasks_writes_their_results_in_one_statement(returns, monkeypatch):
     from django_dbworker import child
 
     monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)  # a busy machine must not split it
-    results = [tasks.add.enqueue(i, 10) for i in range(4)]
+    if returns == "values":
+        results, expected = [tasks.add.enqueue(i, 10) for i in range(4)], [10, 11, 12, 13]
+    else:
+        results, expected = [tasks.nothing.enqueue(i) for i in range(4)], [None] * 4
     sent = _run_in_one_group(4)
     table = Task._meta.db_table
     # One call for the group, not a save per task (PostgreSQL: one UPDATE of all four rows;
     # elsewhere one executemany()).
     task_updates = [sql for sql, _ in sent if sql.upper().startswith("UPDATE") and table in sql]
     assert len(task_updates) == 1
-    for i, result in enumerate(results):
+    for result, value in zip(results, expected, strict=True):
         result.refresh()
-        assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == i + 10
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == value
         assert result.started_at == result.last_attempted_at <= result.finished_at
-        assert len(result.worker_ids) == 1 and result.attempts == 1
-    assert effects("task.add") == {f"{i}+10": 1 for i in range(4)}
+        assert len(result.worker_ids) == 1 and result.attempts == 1 and result.errors == []
+    assert len(effects("task.add") if returns == "values" else effects("task.nothing")) == 4
+
+
+def test_a_group_with_a_failing_task_keeps_its_error_and_the_others_results(monkeypatch):
+    from django_dbworker import child
+
+    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
+    first, failing, last = tasks.add.enqueue(1, 2), tasks.fail.enqueue("no"), tasks.nothing.enqueue(3)
+    _run_in_one_group(3)
+    for result in (first, failing, last):
+        result.refresh()
+    assert (first.status, first.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
+    assert (last.status, last.return_value) == (TaskResultStatus.SUCCESSFUL, None)
+    assert failing.status == TaskResultStatus.FAILED and failing.finished_at is not None
+    assert [e.exception_class_path for e in failing.errors] == ["builtins.ValueError"]
+    assert effects("task.add") == {"1+2": 1} and effects("task.fail") == {}
+    finished = SignalSeen.objects.filter(kind="finished").values_list("key", flat=True)
+    assert sorted(finished) == sorted(f"{r.id}:{r.status}" for r in (first, failing, last))
 
 
 @pytest.mark.parametrize("n", [1, 3])  # a task alone, and in a group
@@ -187,8 +208,8 @@ def test_a_task_that_sets_rollback_loses_its_writes_and_keeps_its_result(n, monk
         assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == f"k{i}"
         assert result.finished_at is not None and len(result.worker_ids) == 1
     assert effects("task.discard") == {}
-    finished = set(SignalSeen.objects.filter(kind="finished").values_list("key", flat=True))
-    assert finished == {f"{r.id}:{TaskResultStatus.SUCCESSFUL}" for r in results}
+    finished = SignalSeen.objects.filter(kind="finished").values_list("key", flat=True)
+    assert sorted(finished) == sorted(f"{r.id}:{TaskResultStatus.SUCCESSFUL}" for r in results)
 
 
 def test_get_result_of_an_unknown_id():

@@ -279,8 +279,8 @@ class Vendor:
                     key: tuple[str, str], rows: Sequence[Sequence[Any]]) -> None:
         """Set ``columns`` of several rows, each row to values of its own. ``columns`` and
         ``key`` are (column, database type) pairs; each of ``rows`` holds its values in
-        column order, then its key. Here an executemany(): psycopg would pipeline it (one
-        round trip), mysqlclient sends one UPDATE per row, SQLite has no round trips."""
+        column order, then its key. Here one UPDATE per row, sent by executemany()
+        (mysqlclient sends them one by one; SQLite has no round trips to spare)."""
         sets = ", ".join(f"{self.qn(c)} = %s" for c, _ in columns)
         sql = f"UPDATE {self.qn(table)} SET {sets} WHERE {self.qn(key[0])} = %s"
         if len(rows) == 1:

@@ -76,6 +76,11 @@ async def async_add(a, b):
 
 
 @task()
+def nothing(key):
+    effect("task.nothing", key)
+
+
+@task()
 def discard(key):
     """Writes, then asks for its writes to be rolled back: its result stands."""
     effect("task.discard", key)
