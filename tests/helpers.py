@@ -170,6 +170,43 @@ def claim(worker: str, limit: int = 1, claimer: str = "test:1", **bridge_options
         bridge.close()
 
 
+def claim_and_run_group(worker_name, n, tamper=None, *, monkeypatch):
+    """Claim n rows and run them as one group in this process (what a child does).
+
+    The group's time budget is raised so that a busy machine cannot split the group: these
+    tests are about outcomes inside one transaction, not about the deadline."""
+    from collections import deque
+    from multiprocessing.sharedctypes import RawArray, RawValue
+
+    from django_dbworker import child
+    from django_dbworker.child import SLOT_SIZE, run_group
+    from django_dbworker.registry import registry
+
+    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
+    claims = claim(worker_name, n, "test:group")
+    if tamper:
+        tamper(claims)
+    pending = deque(c.delivery(c.execution_id) for c in claims)  # seq: the execution id
+    results = run_group(registry[worker_name], "default", pending, RawArray("d", SLOT_SIZE),
+                        RawValue("b", 0))
+    return claims, results, pending
+
+
+def statements_of(run):
+    """The SQL that ``run()`` sends on the default connection, in order."""
+    from django.db import connection
+
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        result = run()
+    return sent, result
+
+
 def insert_raw(model, **values) -> None:
     """INSERT a row with raw SQL (not the ORM): another program writing the table."""
     from django.db import connection

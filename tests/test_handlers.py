@@ -8,7 +8,14 @@ import pytest
 from django_dbworker import ExecutionStatus, execution_status, reset_failed, state
 from django_dbworker.models import Execution
 from django_dbworker.registry import registry
-from tests.helpers import claim, drain, effects, insert_raw
+from tests.helpers import (
+    claim,
+    claim_and_run_group,
+    drain,
+    effects,
+    insert_raw,
+    statements_of,
+)
 from tests.testapp.models import Document, Effect, Tag, UuidItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -175,31 +182,10 @@ def test_one_coordinator_claims_rows_a_finishing_handler_made_eligible():
 
 
 # -- groups: quick rows share a transaction, each keeps its own outcome -------------------
-def _claim_and_run_group(worker_name, n, tamper=None, *, monkeypatch):
-    """Claim n rows and run them as one group in this process (what a child does).
-
-    The group's time budget is raised so that a busy machine cannot split the group: these
-    tests are about outcomes inside one transaction, not about the deadline."""
-    from collections import deque
-    from multiprocessing.sharedctypes import RawArray, RawValue
-
-    from django_dbworker import child
-    from django_dbworker.child import SLOT_SIZE, run_group
-
-    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
-    claims = claim(worker_name, n, "test:group")
-    if tamper:
-        tamper(claims)
-    pending = deque(c.delivery(c.execution_id) for c in claims)  # seq: the execution id
-    results = run_group(registry[worker_name], "default", pending, RawArray("d", SLOT_SIZE),
-                        RawValue("b", 0))
-    return claims, results, pending
-
-
 def test_a_failing_row_in_a_group_rolls_back_only_its_own_writes(monkeypatch):
     docs = [Document.objects.create(behaviour="fail" if i in (2, 5) else "ok")
             for i in range(8)]
-    claims, results, pending = _claim_and_run_group("docs", 8, monkeypatch=monkeypatch)
+    claims, results, pending = claim_and_run_group("docs", 8, monkeypatch=monkeypatch)
     assert len(results) == 8 and not pending  # one group ran them all
     ok = {str(d.pk) for d in docs if d.behaviour == "ok"}
     assert effects("docs") == {pk: 1 for pk in ok}  # the failures' effects rolled back
@@ -214,7 +200,7 @@ def test_a_lost_claim_in_a_group_discards_that_row_and_keeps_the_others(monkeypa
     def take_over(claims):  # another coordinator took the third row (its lease ran out)
         Execution.objects.filter(pk=claims[2].execution_id).update(claim_token="someone-else")
 
-    claims, results, _ = _claim_and_run_group("docs", 6, take_over, monkeypatch=monkeypatch)
+    claims, results, _ = claim_and_run_group("docs", 6, take_over, monkeypatch=monkeypatch)
     kinds = {execution_id: kind for kind, execution_id, _ in results}
     assert kinds.pop(claims[2].execution_id) == "lost"
     assert set(kinds.values()) == {"done"}
@@ -242,21 +228,6 @@ def test_a_child_hands_back_rows_it_has_not_started(why, rows):
     assert effects("docs") == {}
 
 
-def _statements_of(run):
-    """The SQL that ``run()`` sends on the default connection, in order."""
-    from django.db import connection
-
-    sent = []
-
-    def record(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
-        result = run()
-    return sent, result
-
-
 def _keeps_savepoints():
     """Whether the child spares the savepoint round trips: only where the driver tells
     that a handler left its transaction open (mysqlclient cannot: RELEASE checks it)."""
@@ -273,8 +244,8 @@ def _count(statements, prefix):
 def test_a_group_keeps_each_handlers_savepoint_rather_than_releasing_it(behaviour,
                                                                        monkeypatch):
     docs = [Document.objects.create(behaviour=behaviour if i == 1 else "ok") for i in range(3)]
-    sent, (_, results, _) = _statements_of(
-        lambda: _claim_and_run_group("docs", 3, monkeypatch=monkeypatch))
+    sent, (_, results, _) = statements_of(
+        lambda: claim_and_run_group("docs", 3, monkeypatch=monkeypatch))
     assert [kind for kind, _, _ in results] == ["done"] * 3
     # One SAVEPOINT per handler, never released: a round trip fewer per row of a drain.
     # A failure is rolled back to its savepoint, then recorded in a savepoint of its own.
@@ -290,7 +261,7 @@ def test_on_commit_callbacks_of_a_rolled_back_handler_in_a_group_do_not_run(fail
                                                                            monkeypatch):
     docs = [Document.objects.create(behaviour=failing if i == 1 else "on_commit")
             for i in range(3)]
-    _, results, _ = _claim_and_run_group("docs", 3, monkeypatch=monkeypatch)
+    _, results, _ = claim_and_run_group("docs", 3, monkeypatch=monkeypatch)
     assert [kind for kind, _, _ in results] == ["done"] * 3
     assert effects("docs.on_commit") == {str(docs[0].pk): 1, str(docs[2].pk): 1}
 
@@ -312,7 +283,7 @@ def test_a_handler_that_ends_the_groups_transaction_and_raises_sends_the_group_o
     """Its savepoint is gone, so nothing can be rolled back to it: the group's earlier
     writes went with the transaction, and each row runs again in a transaction of its own."""
     docs = [Document.objects.create(behaviour="abort" if i == 1 else "ok") for i in range(3)]
-    _, results, pending = _claim_and_run_group("docs", 3, monkeypatch=monkeypatch)
+    _, results, pending = claim_and_run_group("docs", 3, monkeypatch=monkeypatch)
     # The two rows it reached ran again alone; the third waits for the next group.
     assert [kind for kind, _, _ in results] == ["done"] * 2 and len(pending) == 1
     assert [kind for kind, _, _ in _run_until_done("docs", pending)] == ["done"]
@@ -331,7 +302,7 @@ def test_a_handler_that_leaves_its_transaction_ended_or_aborted_fails_without_lo
 
     docs = [Document.objects.create(behaviour=behaviour if i == rows // 2 else "ok")
             for i in range(rows)]
-    _, results, pending = _claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
+    _, results, pending = claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
     results += _run_until_done("docs", pending)
     assert [kind for kind, _, _ in results] == ["done"] * rows
     odd = docs[rows // 2]
@@ -355,8 +326,8 @@ def test_a_handler_that_leaves_its_transaction_ended_or_aborted_fails_without_lo
 def test_a_row_that_arrives_alone_runs_in_one_transaction_without_a_savepoint(behaviour,
                                                                               monkeypatch):
     doc = Document.objects.create(behaviour=behaviour)
-    sent, (claims, results, pending) = _statements_of(
-        lambda: _claim_and_run_group("docs", 1, monkeypatch=monkeypatch))
+    sent, (claims, results, pending) = statements_of(
+        lambda: claim_and_run_group("docs", 1, monkeypatch=monkeypatch))
     assert [kind for kind, _, _ in results] == ["done"] and not pending
     # Two round trips fewer before the handler starts (a group's savepoint and release):
     # what the pickup of one row into an idle worker waits for. (Not on MySQL: there the
@@ -375,7 +346,7 @@ def test_a_row_that_arrives_alone_runs_in_one_transaction_without_a_savepoint(be
 def test_a_handler_that_sets_rollback_loses_its_writes_and_its_row_still_finishes(rows,
                                                                                  monkeypatch):
     docs = [Document.objects.create(behaviour="discard") for _ in range(rows)]
-    _, results, pending = _claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
+    _, results, pending = claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
     assert [kind for kind, _, _ in results] == ["done"] * rows and not pending
     assert effects("docs") == {}
     assert {execution_status("docs", d) for d in docs} == {ExecutionStatus.FINISHED}
@@ -412,7 +383,7 @@ def test_a_row_whose_connection_is_lost_under_it_is_interrupted_not_failed(rows,
     """Django drops a connection whose rollback failed and connects again at once: the
     child must still tell the server's failure from the handler's, and count no attempt."""
     docs = [Document.objects.create(behaviour="lose_connection") for _ in range(rows)]
-    _, results, _ = _claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
+    _, results, _ = claim_and_run_group("docs", rows, monkeypatch=monkeypatch)
     assert "interrupted" in [kind for kind, _, _ in results]
     assert "done" not in [kind for kind, _, _ in results]
     assert effects("docs") == {}

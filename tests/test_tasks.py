@@ -24,7 +24,16 @@ from django_dbworker.tasks.compat import (
     TaskResultStatus,
     task_backends,
 )
-from tests.helpers import analyze, busy_machine, drain, effects, runworkers, wait_for
+from tests.helpers import (
+    analyze,
+    busy_machine,
+    claim_and_run_group,
+    drain,
+    effects,
+    runworkers,
+    statements_of,
+    wait_for,
+)
 from tests.testapp import tasks
 from tests.testapp.models import Author, Effect, SignalSeen
 
@@ -130,46 +139,27 @@ def test_a_commit_inside_a_task_is_a_failure_naming_the_fix():
     assert "Don't commit in a handler" in executions(result).error_message
 
 
-def _run_in_one_group(n):
-    """Claim n tasks of the default queue and run them as one child would, here: the SQL
-    it sent, and the results."""
-    from collections import deque
-    from multiprocessing.sharedctypes import RawArray, RawValue
-
-    from django_dbworker import child
-    from django_dbworker.registry import registry
-    from tests.helpers import claim
-
-    sent = []
-
-    def record(execute, sql, params, many, context):
-        sent.append((sql, many))
-        return execute(sql, params, many, context)
-
-    claims = claim(DEFAULT, n, "test:group")
+def _run_in_one_group(n, tamper=None, *, monkeypatch):
+    """Claim n tasks of the default queue and run them as one group, as a child would:
+    the SQL it sent, and what run_group() returned."""
+    sent, (claims, results, _) = statements_of(
+        lambda: claim_and_run_group(DEFAULT, n, tamper, monkeypatch=monkeypatch))
     assert len(claims) == n
-    pending = deque(c.delivery(i) for i, c in enumerate(claims, 1))
-    with connection.execute_wrapper(record):
-        done = child.run_group(registry[DEFAULT], "default", pending,
-                               RawArray("d", child.SLOT_SIZE), RawValue("b", 0))
-    assert [kind for kind, _, _ in done] == ["done"] * n
-    return sent
+    return sent, claims, results
 
 
 @pytest.mark.parametrize("returns", ["values", "none"])  # (none: an all-NULL column)
 def test_a_group_of_tasks_writes_their_results_in_one_statement(returns, monkeypatch):
-    from django_dbworker import child
-
-    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)  # a busy machine must not split it
     if returns == "values":
         results, expected = [tasks.add.enqueue(i, 10) for i in range(4)], [10, 11, 12, 13]
     else:
         results, expected = [tasks.nothing.enqueue(i) for i in range(4)], [None] * 4
-    sent = _run_in_one_group(4)
+    sent, _, done = _run_in_one_group(4, monkeypatch=monkeypatch)
+    assert [kind for kind, _, _ in done] == ["done"] * 4
     table = Task._meta.db_table
     # One call for the group, not a save per task (PostgreSQL: one UPDATE of all four rows;
     # elsewhere one executemany()).
-    task_updates = [sql for sql, _ in sent if sql.upper().startswith("UPDATE") and table in sql]
+    task_updates = [sql for sql in sent if sql.upper().startswith("UPDATE") and table in sql]
     assert len(task_updates) == 1
     for result, value in zip(results, expected, strict=True):
         result.refresh()
@@ -180,11 +170,8 @@ def test_a_group_of_tasks_writes_their_results_in_one_statement(returns, monkeyp
 
 
 def test_a_group_with_a_failing_task_keeps_its_error_and_the_others_results(monkeypatch):
-    from django_dbworker import child
-
-    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
     first, failing, last = tasks.add.enqueue(1, 2), tasks.fail.enqueue("no"), tasks.nothing.enqueue(3)
-    _run_in_one_group(3)
+    _run_in_one_group(3, monkeypatch=monkeypatch)
     for result in (first, failing, last):
         result.refresh()
     assert (first.status, first.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
@@ -196,13 +183,36 @@ def test_a_group_with_a_failing_task_keeps_its_error_and_the_others_results(monk
     assert sorted(finished) == sorted(f"{r.id}:{r.status}" for r in (first, failing, last))
 
 
+def test_a_task_whose_claim_was_lost_in_a_group_saves_no_result(monkeypatch):
+    """The results are written before the claim-guarded outcomes: a lost claim must take
+    its task's result back with it, and leave its neighbours' in place."""
+    results = [tasks.add.enqueue(i, 1) for i in range(3)]
+
+    def take_over(claims):  # another coordinator took the second task (its lease ran out)
+        Execution.objects.filter(pk=claims[1].execution_id).update(claim_token="someone-else")
+
+    _, claims, done = _run_in_one_group(3, take_over, monkeypatch=monkeypatch)
+    kinds = {execution_id: kind for kind, execution_id, _ in done}
+    assert kinds.pop(claims[1].execution_id) == "lost" and set(kinds.values()) == {"done"}
+    lost = next(r for r in results if str(r.id).replace("-", "") == claims[1].source_id.replace("-", ""))
+    row = Task.objects.get(pk=lost.id)
+    assert (row.started_at, row.finished_at, row.return_value, row.worker_ids) == (
+        None, None, None, [])
+    assert Execution.objects.get(pk=claims[1].execution_id).status == "working"
+    for result in results:
+        if result is not lost:
+            result.refresh()
+            assert result.status == TaskResultStatus.SUCCESSFUL and result.finished_at
+    assert len(effects("task.add")) == 2
+    finished = SignalSeen.objects.filter(kind="finished").values_list("key", flat=True)
+    assert sorted(finished) == sorted(f"{r.id}:{r.status}" for r in results if r is not lost)
+
+
 @pytest.mark.parametrize("n", [1, 3])  # a task alone, and in a group
 def test_a_task_that_sets_rollback_loses_its_writes_and_keeps_its_result(n, monkeypatch):
-    from django_dbworker import child
-
-    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
     results = [tasks.discard.enqueue(f"k{i}") for i in range(n)]
-    _run_in_one_group(n)
+    _, _, done = _run_in_one_group(n, monkeypatch=monkeypatch)
+    assert [kind for kind, _, _ in done] == ["done"] * n
     for i, result in enumerate(results):
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == f"k{i}"

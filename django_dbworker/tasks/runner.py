@@ -3,10 +3,11 @@
 It runs in the child's transaction like any handler, so the task's own writes on the
 coordination database commit together with its SUCCESSFUL status (and roll back with a
 failure). The row's result (times, worker, return value) is written with the outcome,
-by ``save_results``: one statement for a group of tasks, not one per task. So a task
-that calls ``transaction.set_rollback(True)`` discards its own writes and keeps its
-result, as any handler keeps its outcome. ``task_started`` is sent in the child before
-the task runs, ``task_finished`` after the outcome committed.
+by ``save_results``: together for a group of tasks (one statement on PostgreSQL), not
+with an ORM save per task. So a task that calls ``transaction.set_rollback(True)``
+discards its own writes and keeps its result, as any handler keeps its outcome.
+``task_started`` is sent in the child before the task runs, ``task_finished`` after the
+outcome committed.
 """
 
 from __future__ import annotations
