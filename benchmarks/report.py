@@ -118,8 +118,9 @@ def after_idle(row: dict[str, Any]) -> str:
 
 
 def history_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    runs = f"; medians of {cfg['history_repeats']}" if cfg.get("history_repeats") else ""
     out = [f"**History** ({cfg['history_new']:,} new rows drained with "
-           f"{cfg['history_rows']:,} finished rows in history vs none)", "",
+           f"{cfg['history_rows']:,} finished rows in history vs none{runs})", "",
            "| database / worker | empty, jobs/s | with history, jobs/s | ratio |",
            "|---|---:|---:|---:|"]
     for name, row in rows.items():

@@ -11,8 +11,8 @@ SQLite, against a no-queue ceiling (the job's own work in 2 plain processes, 16 
 per transaction) on each, and on PostgreSQL the peers: Celery + Redis (CELERY_DB_REUSE_MAX
 set), our django.tasks backend, Procrastinate, django-tasks-db (each optional: "not run"
 when its package is missing); pickup latency (row committed -> handler starts, warm idle
-workers) and idle CPU; history ratio (1,000 new rows with 100,000 finished rows in history
-vs none, default ordering and a filtered/ordered eligible()); scale-out (1, 2, 4
+workers) and idle CPU; history ratio (5,000 new rows with 100,000 finished rows in history
+vs none, medians of 5, default ordering and a filtered/ordered eligible()); scale-out (1, 2, 4
 `runworkers` processes on PostgreSQL, duplicates checked); RSS of coordinator and children.
 Prints a table and writes benchmarks/results/<date>[-N][-quick][-partial].json (N: the
 day's second, third... run); results live only in these dated files.
@@ -62,6 +62,8 @@ def main() -> int:
                         help="idle stretch after the pickup samples (idle CPU, then one insert)")
     parser.add_argument("--history-rows", type=int)
     parser.add_argument("--history-new", type=int)
+    parser.add_argument("--history-repeats", type=int,
+                        help="runs of each history pair (median; default 5, quick 1)")
     parser.add_argument("--scale-jobs", type=int)
     parser.add_argument("--memory-jobs", type=int)
     parser.add_argument("--databases", default=",".join(ALL_DBS),
@@ -83,7 +85,10 @@ def main() -> int:
     cfg.pickup_samples = cfg.pickup_samples or (25 if quick else 200)
     cfg.idle_seconds = cfg.idle_seconds or (1.0 if quick else 5.0)
     cfg.history_rows = cfg.history_rows or (10_000 if quick else 100_000)
-    cfg.history_new = cfg.history_new or (250 if quick else 1000)
+    # 5,000 rows and 5 repeats: a 1,000-row drain lasts a quarter of a second, and its
+    # ratio swung by 15 % from one repeat to the next, more than any cost of history.
+    cfg.history_new = cfg.history_new or (250 if quick else 5000)
+    cfg.history_repeats = cfg.history_repeats or (1 if quick else 5)
     cfg.scale_jobs = cfg.scale_jobs or (400 if quick else 5000)
     cfg.memory_jobs = cfg.memory_jobs or (5000 if quick else 100_000)
     only = set(cfg.only.split(","))
@@ -108,7 +113,8 @@ def main() -> int:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "full",
         "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples", "idle_seconds",
-                                                 "history_rows", "history_new", "scale_jobs", "memory_jobs")},
+                                                 "history_rows", "history_new", "history_repeats",
+                                                 "scale_jobs", "memory_jobs")},
         "machine": machine(), "servers": server_versions(dbs),
     }
     from django.conf import settings
@@ -131,20 +137,24 @@ def main() -> int:
             for db in dbs:
                 for system in chosen(pickup_systems(db, cfg), cfg.systems):
                     run_system(system, "pickup", raw, step, r)
-        if "history" in only:
-            for db in dbs if not quick else [d for d in dbs if d == "postgres"] or dbs[:1]:
-                for worker in ("bench", "bench_ordered"):
-                    label = (f"{DB_NAMES[db]} / "
-                             f"{'default order' if worker == 'bench' else 'filter+order_by'}")
-                    pair = raw["history"].setdefault(label, {"empty": [], "history": []})
-                    for past, key in ((0, "empty"), (cfg.history_rows, "history")):
-                        step(f"history {label}, {past} finished rows (run {r + 1})")
-                        pair[key].append(history(db, worker, cfg.history_new, past, cfg))
         if "scale" in only and "postgres" in dbs:
             for n in (1, 2, 4):
                 step(f"scale-out x{n} (run {r + 1})")
                 raw["scale_out"].setdefault(f"{n} process(es)", []).append(
                     scale_out(n, cfg.scale_jobs, cfg))
+    if "history" in only:
+        for r in range(cfg.history_repeats):
+            for db in dbs if not quick else [d for d in dbs if d == "postgres"] or dbs[:1]:
+                for worker in ("bench", "bench_ordered"):
+                    label = (f"{DB_NAMES[db]} / "
+                             f"{'default order' if worker == 'bench' else 'filter+order_by'}")
+                    pair = raw["history"].setdefault(label, {"empty": [], "history": []})
+                    arms = [(0, "empty"), (cfg.history_rows, "history")]
+                    # Each repeat swaps which arm runs first: a drift of the machine
+                    # during the pair (a neighbour, the page cache) then favours neither.
+                    for past, key in arms if r % 2 == 0 else arms[::-1]:
+                        step(f"history {label}, {past} finished rows (run {r + 1})")
+                        pair[key].append(history(db, worker, cfg.history_new, past, cfg))
     if "memory" in only and "postgres" in dbs:
         step(f"memory: one drain of {cfg.memory_jobs:,} jobs")
         raw["memory"].append(memory(cfg.memory_jobs, cfg))

@@ -65,8 +65,9 @@ def print_pickup(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
 
 
 def print_history(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
+    runs = f", medians of {cfg['history_repeats']}" if cfg.get("history_repeats") else ""
     print(f"History ({cfg['history_new']:,} new rows; {cfg['history_rows']:,} finished rows vs "
-          "none)")
+          f"none{runs})")
     print(f"  {'database / worker':<38}{'empty j/s':>10}{'history j/s':>13}{'ratio':>8}")
     for name, row in rows.items():
         print(f"  {name:<38}{fmt(row['empty']):>10}{fmt(row['history']):>13}"
