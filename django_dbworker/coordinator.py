@@ -370,14 +370,21 @@ class Coordinator:
             probing = not self._stopping and self.health.available(now)
             probe_at = self.wakeups.deadline() if probing else None
             end = until if probe_at is None else min(until, probe_at)
-            ready = self.watcher.wait(self.pools, self.wakeups.listener, max(end - now, 0.0))
+            doorbell = self.wakeups.doorbell
+            ready = self.watcher.wait(self.pools, self.wakeups.listener, max(end - now, 0.0),
+                                      doorbell)
+            rang = False
             for owner, handle in ready:
                 if owner is not None:
                     self.events.handle(owner, owner.on_ready(handle))
+                elif handle is doorbell:
+                    rang = True  # the probe decides: it runs next, or soon
+                    self.wakeups.on_ring(time.monotonic())
                 elif self.wakeups.on_notify():
                     self.health.call(self.paused.refresh)
             now = time.monotonic()
-            if ready or self._stopping or now >= until or probe_at is None:
+            others = len(ready) - rang  # (a doorbell alone leads to the probe below)
+            if others or self._stopping or now >= until or probe_at is None:
                 return
             if self._probe(now) is not Probed.NOTHING:
                 return

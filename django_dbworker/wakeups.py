@@ -5,7 +5,8 @@ waits while idle). Three things wake it early: a ``NOTIFY`` from the triggers (P
 on the one LISTEN connection), a change probe where there is no NOTIFY (one cheap query
 every ``PROBE_SECONDS``, half as often once nothing changed for a second: SQLite's
 ``PRAGMA data_version``, else the largest Execution id, and the pauses' count and latest
-time), and the coordinator's own events (a handler finished, a row was given back, a
+time; on SQLite under Linux, when the kernel says the database's files were written,
+see :mod:`.doorbell`), and the coordinator's own events (a handler finished, a row was given back, a
 pause lifted). The coordinator asks this object when to claim and what to wait on.
 """
 
@@ -33,6 +34,17 @@ _UNSEEN: Any = object()  # no probe answered yet
 # an idle coordinator above 1 % of a core. A change brings the full rate back at once.
 QUIET_SECONDS = 1.0
 QUIET_FACTOR = 2.0
+# Where a doorbell says when the database's files are written (SQLite on Linux), the
+# probe runs when it rings, at most every PROBE_SECONDS, and on this timer only to catch
+# a write the bell cannot see (a file shared over the network or with a virtual machine).
+DOORBELL_BACKSTOP_SECONDS = 1.0
+# The bell rings when a commit writes its pages to the file, a moment before the commit
+# is published (in SQLite's shared memory, which rings nothing): a probe at once often
+# still sees the old state. So after a ring it probes again until it sees a change,
+# first after RING_FIRST_GAP, then twice as long each time up to PROBE_SECONDS, and for
+# RING_SECONDS at most (a write that commits nothing, e.g. a checkpoint).
+RING_SECONDS = 0.25
+RING_FIRST_GAP = 0.002
 
 
 class Probed(enum.Enum):
@@ -54,6 +66,11 @@ class Wakeups:
         self.next_probe = 0.0
         self._token: Any = _UNSEEN
         self._changed_at = 0.0  # when the probe last saw a change (monotonic)
+        self._probed_at = 0.0
+        self._rang_at = float("-inf")  # when the doorbell rang and no probe saw a change since
+        self._ring_gap = RING_FIRST_GAP
+        self.doorbell: Any = None
+        self._doorbell_tried = False
 
     def wake(self, worker: str) -> None:
         self.backoff[worker].wake()
@@ -64,7 +81,11 @@ class Wakeups:
 
     # -- NOTIFY ----------------------------------------------------------------------------
     def listen(self, bridge: Bridge) -> None:
-        """LISTEN for wake-ups, if the database can, and check once that they arrive."""
+        """LISTEN for wake-ups, if the database can, and check once that they arrive;
+        where it cannot, ring a doorbell if the vendor has one."""
+        if not bridge.vendor.notifies and not self._doorbell_tried:
+            self._doorbell_tried = True
+            self.doorbell = bridge.vendor.change_doorbell()
         if self._no_notifications or self.listener is not None or not bridge.vendor.notifies:
             return
         self.listener = self.health.call(listener_for, bridge)
@@ -102,6 +123,19 @@ class Wakeups:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
+        if self.doorbell is not None:
+            self.doorbell.close()
+            self.doorbell = None
+
+    def on_ring(self, now: float) -> None:
+        """The doorbell's file descriptor is readable: if a write to the database's files
+        rang it, probe now, or PROBE_SECONDS after the last probe while writes keep
+        coming (a busy database rings on every commit); then again soon until a probe
+        sees the change (see RING_SECONDS)."""
+        assert self.doorbell is not None
+        if self.doorbell.rang():
+            self._rang_at, self._ring_gap = now, RING_FIRST_GAP
+            self.next_probe = min(self.next_probe, self._probed_at + self.settings.probe_seconds)
 
     # -- no NOTIFY: the change probe ---------------------------------------------------------
     def probe(self, bridge: Bridge, now: float) -> Probed:
@@ -115,8 +149,7 @@ class Wakeups:
         changed = token is not None and last is not _UNSEEN and token != last
         if changed:
             self._changed_at = now
-        quiet = now - self._changed_at >= QUIET_SECONDS
-        self.next_probe = now + self.settings.probe_seconds * (QUIET_FACTOR if quiet else 1)
+        self._probed_at, self.next_probe = now, self._next_probe(now, changed)
         if token is None:
             return Probed.FAILED  # the loop must see the outage
         self._token = token
@@ -125,6 +158,17 @@ class Wakeups:
         if token[0] != last[0]:
             self.wake_all()
         return Probed.ROWS if token[1:] == last[1:] else Probed.PAUSES
+
+    def _next_probe(self, now: float, changed: bool) -> float:
+        if self.doorbell is None:
+            quiet = now - self._changed_at >= QUIET_SECONDS
+            return now + self.settings.probe_seconds * (QUIET_FACTOR if quiet else 1)
+        if changed:
+            self._rang_at = float("-inf")  # that ring's commit is seen
+        if now - self._rang_at < RING_SECONDS:  # rang, and nothing seen yet
+            gap, self._ring_gap = self._ring_gap, min(self._ring_gap * 2, self.settings.probe_seconds)
+            return now + gap
+        return now + DOORBELL_BACKSTOP_SECONDS
 
     def pauses_unseen(self) -> None:
         """The pauses could not be read after the probe saw them change: make the next

@@ -1,5 +1,5 @@
 """The coordinator's one wait: on its children's pipes and sentinels, the LISTEN socket
-and a wake-up pipe that stop requests (from signal handlers or other threads) write to.
+(or SQLite's doorbell) and a wake-up pipe that stop requests (from signal handlers or other threads) write to.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Watcher:
         os.set_blocking(self._wake_w, False)
         self._key: tuple[int, ...] | None = None
         self._listener: Any = None
+        self._doorbell: Any = None
         self._poll = select.poll()
         self._owners: dict[int, tuple[Any, Pool | None]] = {}  # fd -> (handle, owner)
 
@@ -43,15 +44,15 @@ class Watcher:
         except OSError:
             pass  # the pipe is full: a wake-up is already waiting
 
-    def wait(self, pools: Sequence[Pool], listener: Any,
-             timeout: float) -> list[tuple[Pool | None, Any]]:
+    def wait(self, pools: Sequence[Pool], listener: Any, timeout: float,
+             doorbell: Any = None) -> list[tuple[Pool | None, Any]]:
         """(pool, handle) for each child handle that is ready, (None, listener) if the
-        listener is; a poke only ends the wait."""
+        listener is, (None, doorbell) if the doorbell is; a poke only ends the wait."""
         if listener is not None and not listener.usable:
             # Broken during a claim on it (its socket is gone: no file number to watch):
             # ready, so that its drain() fails and the coordinator drops it.
             return [(None, listener)]
-        self._watch(pools, listener)
+        self._watch(pools, listener, doorbell)
         # (notifications read with the result of a claim on its connection)
         heard = listener is not None and listener.heard()
         ready_owners: list[tuple[Pool | None, Any]] = [(None, listener)] if heard else []
@@ -68,20 +69,22 @@ class Watcher:
                 ready_owners.append((owner, handle))
         return ready_owners
 
-    def _watch(self, pools: Sequence[Pool], listener: Any) -> None:
-        """Register everything to wait on, anew only when a pool's children or the
-        listener changed."""
-        key = (id(listener), *(p.version for p in pools))
+    def _watch(self, pools: Sequence[Pool], listener: Any, doorbell: Any) -> None:
+        """Register everything to wait on, anew only when a pool's children, the
+        listener or the doorbell changed."""
+        key = (id(listener), id(doorbell), *(p.version for p in pools))
         # (an id can be reused by the next listener: check that it is the one watched)
-        if key == self._key and listener is self._listener:
+        if key == self._key and listener is self._listener and doorbell is self._doorbell:
             return
         owners: dict[int, tuple[Any, Pool | None]] = {self._wake_r: (self._wake_r, None)}
-        if listener is not None:
-            owners[_fd(listener)] = (listener, None)
+        for handle in (listener, doorbell):
+            if handle is not None:
+                owners[_fd(handle)] = (handle, None)
         for pool in pools:
             for handle in pool.handles():
                 owners[_fd(handle)] = (handle, pool)
         self._poll = select.poll()  # (a closed file's number may be reused by a new one)
         for fd in owners:
             self._poll.register(fd, _EVENTS)
-        self._owners, self._key, self._listener = owners, key, listener
+        self._owners, self._key = owners, key
+        self._listener, self._doorbell = listener, doorbell

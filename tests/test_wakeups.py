@@ -1,6 +1,7 @@
 """An idle coordinator notices new work at once: NOTIFY on PostgreSQL, the change probe on
 MariaDB and SQLite -- not after its poll back-off has grown to MAX_POLL_SECONDS."""
 
+import sys
 import time
 from itertools import pairwise
 
@@ -107,5 +108,99 @@ def test_the_change_probe_slows_to_half_its_rate_after_a_quiet_second_and_speeds
         # until the next change, seen at once.
         Document.objects.create()
         assert gap_after_probe(quiet + 0.5) == (Probed.ROWS, 0.02)
+    finally:
+        bridge.close()
+
+
+def test_on_sqlite_an_idle_coordinator_sleeps_until_the_doorbell_rings():
+    """SQLite under Linux: the idle coordinator probes when the kernel says the
+    database's files were written (and once a DOORBELL_BACKSTOP_SECONDS otherwise), not
+    every 0.04 s; a row inserted after an idle stretch is still picked up at once. Where
+    there is no doorbell (a server: MariaDB, PostgreSQL) there is none."""
+    from django_dbworker.wakeups import DOORBELL_BACKSTOP_SECONDS
+
+    coordinator = Coordinator(["docs"], poll_seconds=0.25, max_poll_seconds=10,
+                              probe_seconds=0.02)
+    coordinator.start()
+    probes: list[float] = []
+    waits: list[float] = []
+    try:
+        doorbell = coordinator.wakeups.doorbell
+        if connection.vendor != "sqlite" or sys.platform != "linux":
+            assert doorbell is None
+            return
+        assert doorbell is not None
+        assert coordinator.bridge is not None
+        change_token = coordinator.bridge.change_token
+
+        def counted():
+            probes.append(time.monotonic())
+            return change_token()
+
+        coordinator.bridge.change_token = counted  # looked up on each probe
+        time.sleep(3)  # idle
+        idle_probes = len(probes)
+        for pause in (0.3, 0.75, 1.4):  # at different points of the backstop's period
+            time.sleep(pause)
+            started = time.monotonic()
+            doc = Document.objects.create()
+            wait_for(lambda doc=doc: execution("docs", doc).status != "pending",
+                     timeout=30, interval=0.005)
+            waits.append(time.monotonic() - started)
+    finally:
+        coordinator.stop()
+    print(f"\n{idle_probes} probes in 3 s idle; claimed {[round(w * 1000) for w in waits]} ms "
+          "after each insert")
+    # A probe per backstop period, and one per commit of the coordinator's own (its
+    # heartbeat): 75 at 0.04 s.
+    assert idle_probes <= 3 / DOORBELL_BACKSTOP_SECONDS + 4, idle_probes
+    # Waiting for the backstop, each would have waited 0.1-1 s.
+    assert max(waits) < 0.25, waits
+
+
+def test_a_ring_brings_the_probe_at_once_then_again_soon_until_it_sees_the_change():
+    """The doorbell rings when a commit writes the file, a moment before the commit is
+    published: the probe runs at once, then after 2, 4, 8... ms until it sees the change,
+    then only on the backstop's timer. A ring that brings nothing (a checkpoint) stops
+    the follow-ups after RING_SECONDS. (A bell rung by hand here; the real one is tested
+    in tests/test_doorbell.py. The probe runs against the real database.)"""
+    from django_dbworker.bridge import Bridge
+    from django_dbworker.outage import DatabaseHealth
+    from django_dbworker.wakeups import DOORBELL_BACKSTOP_SECONDS, RING_SECONDS, Probed, Wakeups
+
+    class Bell:
+        ringing = False
+
+        def rang(self) -> bool:
+            rang, self.ringing = self.ringing, False
+            return rang
+
+        def close(self) -> None:
+            pass
+
+    options = Coordinator(["docs"], probe_seconds=0.02).settings
+    bridge = Bridge("default", options.lease_seconds)
+    health = DatabaseHealth(bridge.vendor, bridge.ping, options.poll_seconds)
+    wakeups = Wakeups(["docs"], options, health)
+    bell = wakeups.doorbell = Bell()
+    try:
+        def gap_after_probe(now: float) -> tuple[Probed, float]:
+            probed = wakeups.probe(bridge, now)
+            return probed, round(wakeups.next_probe - now, 6)
+
+        assert gap_after_probe(100.0) == (Probed.NOTHING, DOORBELL_BACKSTOP_SECONDS)
+        bell.ringing = True
+        wakeups.on_ring(100.5)
+        assert wakeups.next_probe <= 100.5  # at once
+        assert gap_after_probe(100.5) == (Probed.NOTHING, 0.002)  # not published yet
+        assert gap_after_probe(100.502) == (Probed.NOTHING, 0.004)
+        Document.objects.create()
+        assert gap_after_probe(100.506) == (Probed.ROWS, DOORBELL_BACKSTOP_SECONDS)
+        bell.ringing = True
+        wakeups.on_ring(101.0)
+        assert gap_after_probe(101.0) == (Probed.NOTHING, 0.002)
+        assert gap_after_probe(101.0 + RING_SECONDS) == (Probed.NOTHING, DOORBELL_BACKSTOP_SECONDS)
+        wakeups.on_ring(102.0)  # readable, but no write to the database's files
+        assert wakeups.next_probe == 101.0 + RING_SECONDS + DOORBELL_BACKSTOP_SECONDS
     finally:
         bridge.close()

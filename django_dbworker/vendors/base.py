@@ -262,6 +262,13 @@ class Vendor:
         it first, and the whole probe only when its answer moved."""
         return None
 
+    def change_doorbell(self) -> Any | None:
+        """Where there is no NOTIFY: something the coordinator can wait on (a ``fileno()``
+        and ``rang()``, see :mod:`..doorbell`) that is readable when the database may have
+        changed, so the change probe runs then and not on a fast timer. None: no such
+        thing (a server over the network), probe on the timer."""
+        return None
+
     def notify_sql(self, payload: str) -> str | None:
         """A statement waking every coordinator with ``payload``, if the database can."""
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from ..doorbell import file_doorbell
 from .base import UnsupportedDatabase, Vendor
 
 
@@ -34,6 +35,10 @@ class SQLite(Vendor):
             raise UnsupportedDatabase(
                 f"SQLite {sqlite3.sqlite_version} has no RETURNING: django-dbworker needs 3.35+."
             )
+
+    def change_doorbell(self) -> Any | None:
+        # Every commit of another process writes the database's files: the kernel says so.
+        return file_doorbell(self.connection.settings_dict["NAME"])
 
     def describe(self) -> str:
         return f"SQLite {sqlite3.sqlite_version} ({self.connection.settings_dict['NAME']})"
