@@ -384,7 +384,11 @@ class Coordinator:
                     self.health.call(self.paused.refresh)
             now = time.monotonic()
             others = len(ready) - rang  # (a doorbell alone leads to the probe below)
-            if others or self._stopping or now >= until or probe_at is None:
+            if others or self._stopping or now >= until:
+                return
+            if probe_at is None:  # not probing now (the database is busy or down)
+                if rang:
+                    continue  # the loop's deadlines handle the database: wait on
                 return
             if self._probe(now) is not Probed.NOTHING:
                 return

@@ -10,16 +10,19 @@ only for files appearing: SQLite creates the ``-wal`` and ``-journal`` files ane
 directory watched for writes would wake the coordinator for every line of a log file
 next to the database.
 
-The bell can miss writes that do not go through this kernel (a network file system, a
-file shared with a virtual machine). The coordinator therefore still probes on a slow
-timer (``wakeups.DOORBELL_BACKSTOP_SECONDS``). Where inotify is missing (not Linux),
-:func:`file_doorbell` returns None and the coordinator probes on its usual timer.
+In WAL mode a commit writes its pages to the ``-wal`` (the bell rings) a moment before it
+publishes them in shared memory (which rings nothing); in rollback-journal mode its commit
+point is the deletion of the ``-journal``, which the kernel reports as the end of that
+file's watch. The bell can miss writes that do not go through this kernel (a network
+file system, a file shared with a virtual machine): the coordinator still probes on a
+slow timer (``wakeups.DOORBELL_BACKSTOP_SECONDS``). Where inotify is missing (not Linux),
+or a watch cannot be set, there is no bell and the coordinator probes on its usual timer.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import errno
 import logging
 import os
 import struct
@@ -39,26 +42,47 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 _SUFFIXES = ("", "-wal", "-journal")
 
 
+class WatchFailed(OSError):
+    pass
+
+
 class FileDoorbell:
-    """A readable file descriptor while the database's files are being written."""
+    """A readable file descriptor while the database's files are being written.
 
-    def __init__(self, fd: int, add_watch: Any, directory: Path, name: str) -> None:
-        self._fd, self._add_watch, self._directory = fd, add_watch, directory
-        self._names = frozenset(os.fsencode(name + s) for s in _SUFFIXES)
-        self._directory_wd = self._watch(directory, _DIRECTORY_MASK)
-        for file in self._names:
-            self._watch(directory / os.fsdecode(file), _FILE_MASK)
+    ``broken`` turns True when a file of the database could not be watched any more (out
+    of watches): then the bell may stay silent, and its owner must go back to a timer."""
 
-    def _watch(self, path: Path, mask: int) -> int:
-        """The watch's number, or -1 (a file that does not exist: it may come later)."""
-        return int(self._add_watch(self._fd, os.fsencode(path), mask))
+    def __init__(self, fd: int, add_watch: Any, file: Path) -> None:
+        self._fd, self._add_watch, self._directory = fd, add_watch, file.parent
+        self._names = frozenset(os.fsencode(file.name + s) for s in _SUFFIXES)
+        self.broken = False
+        self._directory_wd = self._watch(self._directory, _DIRECTORY_MASK, must_exist=True)
+        self._watch(file, _FILE_MASK, must_exist=True)
+        self._watch_files()
+
+    def _watch(self, path: Path, mask: int, must_exist: bool = False) -> int:
+        """The watch's number, or -1 for a file that does not exist (yet)."""
+        wd = int(self._add_watch(self._fd, os.fsencode(path), mask))
+        if wd < 0:
+            code = ctypes.get_errno()
+            if code != errno.ENOENT or must_exist:
+                raise WatchFailed(code, f"cannot watch {path}: {os.strerror(code)}")
+        return wd
+
+    def _watch_files(self) -> None:
+        """Watch those of the database's files that exist (again: watching a watched
+        file only returns its watch)."""
+        for name in self._names:
+            self._watch(self._directory / os.fsdecode(name), _FILE_MASK)
 
     def fileno(self) -> int:
         return self._fd
 
     def rang(self) -> bool:
-        """Read every pending event; True if one is a write to the database's files, one
-        of them appeared (it is watched from now on), or the kernel dropped events."""
+        """Read every pending event; True if one is a write to the database's files, the
+        end of one of them (a deleted ``-journal``: a commit), one appearing (it is
+        watched from now on), or the kernel dropping events (then every file is watched
+        again, in case a creation was among them)."""
         rang = False
         while True:
             try:
@@ -67,17 +91,27 @@ class FileDoorbell:
                 return rang
             except OSError:  # closed meanwhile
                 return True
+            if not data:
+                return rang
             offset = 0
             while offset + _EVENT.size <= len(data):
                 wd, mask, _, length = _EVENT.unpack_from(data, offset)
                 start = offset + _EVENT.size
                 name = data[start:start + length].rstrip(b"\0")
                 offset = start + length
-                if wd != self._directory_wd:
-                    rang = True  # a write to a watched file, or the kernel's overflow
-                elif name in self._names:
-                    self._watch(self._directory / os.fsdecode(name), _FILE_MASK)
-                    rang = True
+                try:
+                    if mask & IN_Q_OVERFLOW:
+                        self._watch_files()
+                        rang = True
+                    elif wd != self._directory_wd:
+                        rang = True  # a write to a watched file, or its end
+                    elif name in self._names:
+                        self._watch(self._directory / os.fsdecode(name), _FILE_MASK)
+                        rang = True
+                except WatchFailed as exc:
+                    if not self.broken:
+                        logger.info("%s: SQLite is probed on a timer again", exc.strerror)
+                    self.broken = rang = True
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -87,27 +121,22 @@ class FileDoorbell:
 
 def file_doorbell(path: str | os.PathLike[str]) -> FileDoorbell | None:
     """A doorbell for the database file at ``path``, or None where there can be none."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return None
     try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # (the C library this process runs on)
         init, add_watch = libc.inotify_init1, libc.inotify_add_watch
     except (OSError, AttributeError):  # not Linux
         return None
     init.argtypes, init.restype = [ctypes.c_int], ctypes.c_int
     add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     add_watch.restype = ctypes.c_int
-    file = Path(path).resolve()
     fd = init(os.O_NONBLOCK | os.O_CLOEXEC)  # (children are spawned: CLOEXEC for others)
     if fd < 0:
-        logger.debug("No inotify (%s): SQLite is probed on a timer", os.strerror(ctypes.get_errno()))
+        logger.info("No inotify (%s): SQLite is probed on a timer", os.strerror(ctypes.get_errno()))
         return None
-    bell = FileDoorbell(fd, add_watch, file.parent, file.name)
-    if bell._directory_wd < 0:
-        # Out of watches (fs.inotify.max_user_watches) or a directory it cannot watch.
-        logger.debug("Cannot watch %s (%s): SQLite is probed on a timer", file.parent,
-                     os.strerror(ctypes.get_errno()))
-        bell.close()
+    try:
+        return FileDoorbell(fd, add_watch, Path(path).resolve())
+    except WatchFailed as exc:
+        # Out of watches (fs.inotify.max_user_watches), or no such file.
+        logger.info("%s: SQLite is probed on a timer", exc.strerror)
+        os.close(fd)
         return None
-    return bell

@@ -6,8 +6,9 @@ on the one LISTEN connection), a change probe where there is no NOTIFY (one chea
 every ``PROBE_SECONDS``, half as often once nothing changed for a second: SQLite's
 ``PRAGMA data_version``, else the largest Execution id, and the pauses' count and latest
 time; on SQLite under Linux, when the kernel says the database's files were written,
-see :mod:`.doorbell`), and the coordinator's own events (a handler finished, a row was given back, a
-pause lifted). The coordinator asks this object when to claim and what to wait on.
+see :mod:`.doorbell`), and the coordinator's own events (a handler finished, a row was
+given back, a pause lifted). The coordinator asks this object when to claim and what to
+wait on.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ QUIET_FACTOR = 2.0
 # probe runs when it rings, at most every PROBE_SECONDS, and on this timer only to catch
 # a write the bell cannot see (a file shared over the network or with a virtual machine).
 DOORBELL_BACKSTOP_SECONDS = 1.0
-# The bell rings when a commit writes its pages to the file, a moment before the commit
-# is published (in SQLite's shared memory, which rings nothing): a probe at once often
-# still sees the old state. So after a ring it probes again until it sees a change,
-# first after RING_FIRST_GAP, then twice as long each time up to PROBE_SECONDS, and for
-# RING_SECONDS at most (a write that commits nothing, e.g. a checkpoint).
-RING_SECONDS = 0.25
+# In WAL mode the bell rings when a commit writes its pages to the file, a moment before
+# the commit is published (in SQLite's shared memory, which rings nothing): a probe at
+# once often still sees the old state. So after a ring it probes again until it sees a
+# change, first after RING_FIRST_GAP, then twice as long each time up to PROBE_SECONDS,
+# and for RING_SECONDS at most (a write that commits nothing, e.g. a checkpoint; with
+# synchronous=FULL a commit waits for its fsync before it publishes).
+RING_SECONDS = 1.0
 RING_FIRST_GAP = 0.002
 
 
@@ -100,7 +102,7 @@ class Wakeups:
                 "NOTIFY does not reach this coordinator's LISTEN connection (PgBouncer in "
                 "transaction mode?): new rows are noticed by polling instead. Set "
                 "DBWORKER['LISTEN_DATABASE'] to a DATABASES alias that connects directly.")
-            self.close()
+            self.close_listener()
             self._no_notifications = True
 
     def on_notify(self) -> bool:
@@ -111,7 +113,7 @@ class Wakeups:
             names = self.listener.drain()
         except Exception as exc:  # noqa: BLE001 - the listener's connection broke
             logger.warning("LISTEN connection lost (%s); polling until it is back", exc)
-            self.close()
+            self.close_listener()
             self.wake_all()  # (a notification it had read may be lost with it)
             return False  # the next renewal listens again
         for name in names:
@@ -119,10 +121,13 @@ class Wakeups:
                 self.backoff[name].wake()
         return PAUSE_NOTICE in names
 
-    def close(self) -> None:
+    def close_listener(self) -> None:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
+
+    def close(self) -> None:
+        self.close_listener()
         if self.doorbell is not None:
             self.doorbell.close()
             self.doorbell = None
@@ -133,9 +138,20 @@ class Wakeups:
         coming (a busy database rings on every commit); then again soon until a probe
         sees the change (see RING_SECONDS)."""
         assert self.doorbell is not None
-        if self.doorbell.rang():
-            self._rang_at, self._ring_gap = now, RING_FIRST_GAP
+        if self._rang(now):
             self.next_probe = min(self.next_probe, self._probed_at + self.settings.probe_seconds)
+
+    def _rang(self, now: float) -> bool:
+        """Read the doorbell; a bell that cannot watch the files any more is dropped for
+        the timer."""
+        assert self.doorbell is not None
+        rang = self.doorbell.rang()
+        if self.doorbell.broken:
+            self.doorbell.close()
+            self.doorbell = None
+        elif rang:
+            self._rang_at, self._ring_gap = now, RING_FIRST_GAP
+        return rang
 
     # -- no NOTIFY: the change probe ---------------------------------------------------------
     def probe(self, bridge: Bridge, now: float) -> Probed:
@@ -144,6 +160,10 @@ class Wakeups:
         before the next claim. It wakes the workers on new rows."""
         if self.listener is not None or now < self.next_probe:
             return Probed.NOTHING
+        if self.doorbell is not None:
+            # A ring waiting for this probe is answered by it (else, seen after it, it
+            # would send follow-up probes for a change this one saw).
+            self._rang(now)
         token = self.health.call(bridge.change_token)
         last = self._token
         changed = token is not None and last is not _UNSEEN and token != last

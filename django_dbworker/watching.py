@@ -1,5 +1,6 @@
 """The coordinator's one wait: on its children's pipes and sentinels, the LISTEN socket
-(or SQLite's doorbell) and a wake-up pipe that stop requests (from signal handlers or other threads) write to.
+or SQLite's doorbell, and a wake-up pipe that stop requests (from signal handlers or
+other threads) write to.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ def _fd(handle: Any) -> int:
 class Watcher:
     """Waits until something is ready; says whose it is.
 
-    It keeps one ``poll`` object, registered anew only when a pool's children or the
-    listener change: an idle coordinator waits up to 50 times a second (the change
-    probe), and ``multiprocessing.connection.wait`` builds and fills a new selector on
-    each call, which cost an idle coordinator more than the waiting itself."""
+    It keeps one ``poll`` object, registered anew only when a pool's children, the
+    listener or the doorbell change: an idle coordinator without either waits up to 50
+    times a second (the change probe), and ``multiprocessing.connection.wait`` builds and
+    fills a new selector on each call, which cost an idle coordinator more than the
+    waiting itself."""
 
     def __init__(self) -> None:
         self._wake_r, self._wake_w = os.pipe()

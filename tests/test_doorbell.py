@@ -3,8 +3,10 @@
 These tests use SQLite files of their own, so they run the same in every database's run.
 """
 
+import select
 import sqlite3
 import sys
+from contextlib import closing
 
 import pytest
 
@@ -16,8 +18,9 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linu
 @pytest.fixture
 def database(tmp_path):
     path = tmp_path / "db.sqlite3"
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:
         conn.execute("CREATE TABLE t (x INTEGER)")
+        conn.commit()
     return path
 
 
@@ -32,7 +35,7 @@ def _write(path, journal_mode="wal"):
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 def test_a_commit_of_another_connection_rings_and_nothing_else_does(database, journal_mode):
-    with sqlite3.connect(database) as conn:
+    with closing(sqlite3.connect(database)) as conn:
         conn.execute(f"PRAGMA journal_mode={journal_mode}")
     reader = sqlite3.connect(database, isolation_level=None)
     reader.execute("SELECT count(*) FROM t").fetchone()  # opens (makes) the -wal: kept
@@ -41,8 +44,12 @@ def test_a_commit_of_another_connection_rings_and_nothing_else_does(database, jo
     try:
         assert not bell.rang()  # nothing written yet
         reader.execute("SELECT count(*) FROM t").fetchone()  # a read rings nothing
-        (database.parent / "app.log").write_text("a line next to the database\n")
-        assert not bell.rang()
+        log = database.parent / "app.log"
+        log.write_text("a line next to the database\n")
+        assert not bell.rang()  # (its creation: not one of the database's files)
+        with log.open("a") as f:
+            f.write("another line\n")
+        assert not select.select([bell], [], [], 0.05)[0]  # no wake-up for its writes
         _write(database, journal_mode)
         assert bell.rang()
         assert not bell.rang()  # each ring is read once
