@@ -174,11 +174,18 @@ class Coordinator:
         except BaseException:
             bridge.close()
             raise
-        self._register()
-        self.wakeups.listen(bridge)
-        self.paused.refresh()
-        if self.settings.metrics_port is not None:
-            self._serve_probes(self.settings.metrics_port)
+        try:
+            self._register()
+            self.wakeups.open_doorbell(bridge)
+            self.wakeups.listen(bridge)
+            self.paused.refresh()
+            if self.settings.metrics_port is not None:
+                self._serve_probes(self.settings.metrics_port)
+        except BaseException:
+            # (e.g. the metrics port is taken) nothing made so far outlives the error:
+            # the children, the doorbell, the LISTEN connection, this coordinator's record
+            self.tear_down()
+            raise
         logger.info(
             "django-dbworker coordinator %s: %s; database %s, claims by %s, lease %ss",
             self.identity,
@@ -370,7 +377,10 @@ class Coordinator:
             probing = not self._stopping and self.health.available(now)
             probe_at = self.wakeups.deadline() if probing else None
             end = until if probe_at is None else min(until, probe_at)
-            doorbell = self.wakeups.doorbell
+            # The bell only while a slot is free: every commit of a busy child rings it,
+            # and the child's own message wakes the loop for its next claim anyway.
+            doorbell = (self.wakeups.doorbell
+                        if any(p.free_slots(now) for p in self.pools) else None)
             ready = self.watcher.wait(self.pools, self.wakeups.listener, max(end - now, 0.0),
                                       doorbell)
             rang = False
@@ -383,8 +393,8 @@ class Coordinator:
                 elif self.wakeups.on_notify():
                     self.health.call(self.paused.refresh)
             now = time.monotonic()
-            others = len(ready) - rang  # (a doorbell alone leads to the probe below)
-            if others or self._stopping or now >= until:
+            news = any(handle is not doorbell for _, handle in ready)  # a ring alone: probe below
+            if news or self._stopping or now >= until:
                 return
             if probe_at is None:  # not probing now (the database is busy or down)
                 if rang:

@@ -72,7 +72,6 @@ class Wakeups:
         self._rang_at = float("-inf")  # when the doorbell rang and no probe saw a change since
         self._ring_gap = RING_FIRST_GAP
         self.doorbell: Any = None
-        self._doorbell_tried = False
 
     def wake(self, worker: str) -> None:
         self.backoff[worker].wake()
@@ -81,13 +80,15 @@ class Wakeups:
         for backoff in self.backoff.values():
             backoff.wake()
 
+    def open_doorbell(self, bridge: Bridge) -> None:
+        """Where the database cannot NOTIFY, wait on its doorbell if the vendor has one
+        (once, at set-up: a bell that breaks later gives way to the timer for good)."""
+        if not bridge.vendor.notifies:
+            self.doorbell = bridge.vendor.change_doorbell()
+
     # -- NOTIFY ----------------------------------------------------------------------------
     def listen(self, bridge: Bridge) -> None:
-        """LISTEN for wake-ups, if the database can, and check once that they arrive;
-        where it cannot, ring a doorbell if the vendor has one."""
-        if not bridge.vendor.notifies and not self._doorbell_tried:
-            self._doorbell_tried = True
-            self.doorbell = bridge.vendor.change_doorbell()
+        """LISTEN for wake-ups, if the database can, and check once that they arrive."""
         if self._no_notifications or self.listener is not None or not bridge.vendor.notifies:
             return
         self.listener = self.health.call(listener_for, bridge)

@@ -101,6 +101,27 @@ def test_metrics_count_what_happened_and_the_probes_say_how_it_is():
     assert len(docs) == 4
 
 
+def test_a_metrics_port_in_use_stops_set_up_and_leaves_nothing_behind():
+    """Set-up fails late, after the children started and the coordinator listened (or
+    rang its doorbell) and recorded itself: all of that is undone, not left to the
+    process's end (a coordinator embedded in a longer-lived process would leak it)."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        coordinator = Coordinator(["docs"], metrics_port=taken.getsockname()[1])
+        with pytest.raises(OSError):
+            coordinator.start()
+    left = set(multiprocessing.active_children()) - before
+    for process in left:  # (so that a failure here fails, not hangs the run at exit)
+        process.kill()
+    assert not left, "its children were left running"
+    assert coordinator.wakeups.listener is None and coordinator.wakeups.doorbell is None
+    assert not CoordinatorHeartbeat.objects.exists()
+
+
 def test_the_counters_count_unfinished_retried_and_crashed_runs():
     from tests.testapp.models import FaultJob
 

@@ -79,37 +79,49 @@ def test_an_idle_coordinator_backs_off_its_polls_up_to_max_poll_seconds():
     assert max(late) < 0.4 + 0.5, gaps  # ... and no further
 
 
-def test_the_change_probe_slows_to_half_its_rate_after_a_quiet_second_and_speeds_up_on_a_change():
-    """An idle coordinator probes every PROBE_SECONDS while changes come, then half as
-    often: each probe costs a wake-up and a query (the idle CPU budget). The probe runs
-    here against the real database, without NOTIFY (as on MariaDB, SQLite, or PostgreSQL
-    behind PgBouncer)."""
+@pytest.fixture
+def probing():
+    """A coordinator's wake-ups, without the coordinator: (wakeups, gap_after_probe),
+    where gap_after_probe(now) runs the change probe at ``now`` against the real
+    database (no NOTIFY, as on MariaDB, SQLite, or PostgreSQL behind PgBouncer) and says
+    what it saw and how long until the next one. PROBE_SECONDS is 0.02."""
     from django_dbworker.bridge import Bridge
     from django_dbworker.outage import DatabaseHealth
-    from django_dbworker.wakeups import QUIET_FACTOR, QUIET_SECONDS, Probed, Wakeups
+    from django_dbworker.wakeups import Probed, Wakeups
 
     options = Coordinator(["docs"], probe_seconds=0.02).settings
     bridge = Bridge("default", options.lease_seconds)
     health = DatabaseHealth(bridge.vendor, bridge.ping, options.poll_seconds)
     wakeups = Wakeups(["docs"], options, health)
-    try:
-        def gap_after_probe(now: float) -> tuple[Probed, float]:
-            probed = wakeups.probe(bridge, now)
-            return probed, round(wakeups.next_probe - now, 6)
 
-        assert gap_after_probe(100.0)[0] is Probed.NOTHING  # the first answer: a baseline
-        Document.objects.create()  # a new pending row: the probe sees it ...
-        assert gap_after_probe(100.05) == (Probed.ROWS, 0.02)
-        # ... and probes at the full rate for QUIET_SECONDS after that change,
-        assert gap_after_probe(100.05 + QUIET_SECONDS / 2) == (Probed.NOTHING, 0.02)
-        # then half as often,
-        quiet = 100.05 + QUIET_SECONDS + 0.01
-        assert gap_after_probe(quiet) == (Probed.NOTHING, round(0.02 * QUIET_FACTOR, 6))
-        # until the next change, seen at once.
-        Document.objects.create()
-        assert gap_after_probe(quiet + 0.5) == (Probed.ROWS, 0.02)
+    def gap_after_probe(now: float) -> tuple[Probed, float]:
+        probed = wakeups.probe(bridge, now)
+        return probed, round(wakeups.next_probe - now, 6)
+
+    try:
+        yield wakeups, gap_after_probe
     finally:
         bridge.close()
+
+
+def test_the_change_probe_slows_to_half_its_rate_after_a_quiet_second_and_speeds_up_on_a_change(
+        probing):
+    """An idle coordinator probes every PROBE_SECONDS while changes come, then half as
+    often: each probe costs a wake-up and a query (the idle CPU budget)."""
+    from django_dbworker.wakeups import QUIET_FACTOR, QUIET_SECONDS, Probed
+
+    _, gap_after_probe = probing
+    assert gap_after_probe(100.0)[0] is Probed.NOTHING  # the first answer: a baseline
+    Document.objects.create()  # a new pending row: the probe sees it ...
+    assert gap_after_probe(100.05) == (Probed.ROWS, 0.02)
+    # ... and probes at the full rate for QUIET_SECONDS after that change,
+    assert gap_after_probe(100.05 + QUIET_SECONDS / 2) == (Probed.NOTHING, 0.02)
+    # then half as often,
+    quiet = 100.05 + QUIET_SECONDS + 0.01
+    assert gap_after_probe(quiet) == (Probed.NOTHING, round(0.02 * QUIET_FACTOR, 6))
+    # until the next change, seen at once.
+    Document.objects.create()
+    assert gap_after_probe(quiet + 0.5) == (Probed.ROWS, 0.02)
 
 
 def test_on_sqlite_an_idle_coordinator_sleeps_until_the_doorbell_rings():
@@ -159,15 +171,13 @@ def test_on_sqlite_an_idle_coordinator_sleeps_until_the_doorbell_rings():
     assert max(waits) < 0.35, waits
 
 
-def test_a_ring_brings_the_probe_at_once_then_again_soon_until_it_sees_the_change():
+def test_a_ring_brings_the_probe_at_once_then_again_soon_until_it_sees_the_change(probing):
     """The doorbell rings when a commit writes the file, a moment before the commit is
     published: the probe runs at once, then after 2, 4, 8... ms until it sees the change,
     then only on the backstop's timer. A ring that brings nothing (a checkpoint) stops
     the follow-ups after RING_SECONDS. (A bell rung by hand here; the real one is tested
     in tests/test_doorbell.py. The probe runs against the real database.)"""
-    from django_dbworker.bridge import Bridge
-    from django_dbworker.outage import DatabaseHealth
-    from django_dbworker.wakeups import DOORBELL_BACKSTOP_SECONDS, RING_SECONDS, Probed, Wakeups
+    from django_dbworker.wakeups import DOORBELL_BACKSTOP_SECONDS, RING_SECONDS, Probed
 
     class Bell:
         ringing = broken = False
@@ -179,39 +189,29 @@ def test_a_ring_brings_the_probe_at_once_then_again_soon_until_it_sees_the_chang
         def close(self) -> None:
             pass
 
-    options = Coordinator(["docs"], probe_seconds=0.02).settings
-    bridge = Bridge("default", options.lease_seconds)
-    health = DatabaseHealth(bridge.vendor, bridge.ping, options.poll_seconds)
-    wakeups = Wakeups(["docs"], options, health)
+    wakeups, gap_after_probe = probing
     bell = wakeups.doorbell = Bell()
-    try:
-        def gap_after_probe(now: float) -> tuple[Probed, float]:
-            probed = wakeups.probe(bridge, now)
-            return probed, round(wakeups.next_probe - now, 6)
-
-        assert gap_after_probe(100.0) == (Probed.NOTHING, DOORBELL_BACKSTOP_SECONDS)
-        bell.ringing = True
-        wakeups.on_ring(100.01)  # rung again within PROBE_SECONDS of the last probe:
-        assert wakeups.next_probe == 100.02  # PROBE_SECONDS after it
-        assert gap_after_probe(100.02) == (Probed.NOTHING, 0.002)
-        assert gap_after_probe(100.023) == (Probed.NOTHING, 0.004)
-        Document.objects.create()
-        assert gap_after_probe(100.03) == (Probed.ROWS, DOORBELL_BACKSTOP_SECONDS)
-        bell.ringing = True
-        wakeups.on_ring(100.5)
-        assert wakeups.next_probe <= 100.5  # at once
-        assert gap_after_probe(100.5) == (Probed.NOTHING, 0.002)  # not published yet
-        assert gap_after_probe(100.503) == (Probed.NOTHING, 0.004)
-        Document.objects.create()
-        assert gap_after_probe(100.51) == (Probed.ROWS, DOORBELL_BACKSTOP_SECONDS)
-        bell.ringing = True
-        wakeups.on_ring(101.0)
-        assert gap_after_probe(101.0) == (Probed.NOTHING, 0.002)
-        assert gap_after_probe(101.0 + RING_SECONDS) == (Probed.NOTHING, DOORBELL_BACKSTOP_SECONDS)
-        wakeups.on_ring(102.0)  # readable, but no write to the database's files
-        assert wakeups.next_probe == 101.0 + RING_SECONDS + DOORBELL_BACKSTOP_SECONDS
-        bell.ringing = True  # rung, not read yet when the probe runs: the probe reads it
-        assert gap_after_probe(103.0) == (Probed.NOTHING, 0.002)
-        assert not bell.ringing
-    finally:
-        bridge.close()
+    assert gap_after_probe(100.0) == (Probed.NOTHING, DOORBELL_BACKSTOP_SECONDS)
+    bell.ringing = True
+    wakeups.on_ring(100.01)  # rung again within PROBE_SECONDS of the last probe:
+    assert wakeups.next_probe == 100.02  # PROBE_SECONDS after it
+    assert gap_after_probe(100.02) == (Probed.NOTHING, 0.002)
+    assert gap_after_probe(100.023) == (Probed.NOTHING, 0.004)
+    Document.objects.create()
+    assert gap_after_probe(100.03) == (Probed.ROWS, DOORBELL_BACKSTOP_SECONDS)
+    bell.ringing = True
+    wakeups.on_ring(100.5)
+    assert wakeups.next_probe <= 100.5  # at once
+    assert gap_after_probe(100.5) == (Probed.NOTHING, 0.002)  # not published yet
+    assert gap_after_probe(100.503) == (Probed.NOTHING, 0.004)
+    Document.objects.create()
+    assert gap_after_probe(100.51) == (Probed.ROWS, DOORBELL_BACKSTOP_SECONDS)
+    bell.ringing = True
+    wakeups.on_ring(101.0)
+    assert gap_after_probe(101.0) == (Probed.NOTHING, 0.002)
+    assert gap_after_probe(101.0 + RING_SECONDS) == (Probed.NOTHING, DOORBELL_BACKSTOP_SECONDS)
+    wakeups.on_ring(102.0)  # readable, but no write to the database's files
+    assert wakeups.next_probe == 101.0 + RING_SECONDS + DOORBELL_BACKSTOP_SECONDS
+    bell.ringing = True  # rung, not read yet when the probe runs: the probe reads it
+    assert gap_after_probe(103.0) == (Probed.NOTHING, 0.002)
+    assert not bell.ringing
