@@ -26,6 +26,7 @@ from django.db.models.expressions import BaseExpression
 from sqlalchemy.engine import URL, Connection, Engine
 
 from . import conf, failpoints
+from .changewait import ChangeWait
 from .errors import exception_path
 from .models import CoordinatorHeartbeat, Execution, WorkerPause
 from .protocol import Claim
@@ -870,10 +871,11 @@ class Listener:
             pass
 
 
-def listener_for(bridge: Bridge) -> Listener | None:
-    """A Listener, on DBWORKER["LISTEN_DATABASE"] (default: the coordination database)."""
+def listener_for(bridge: Bridge, probe_seconds: float) -> Listener | ChangeWait | None:
+    """A Listener, on DBWORKER["LISTEN_DATABASE"] (default: the coordination database);
+    on MariaDB a ChangeWait (looking every probe_seconds in the server)."""
     if not bridge.vendor.notifies:
-        return None
+        return ChangeWait(bridge, probe_seconds) if bridge.vendor.pushes_changes else None
     alias = conf.value("LISTEN_DATABASE") or bridge.alias
     if alias == bridge.alias:
         # Claims run on it too: a claim answers the NOTIFY it just received. (Not on a

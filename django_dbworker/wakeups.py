@@ -18,9 +18,10 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .backoff import Backoff
+from .backoff import QUIET_FACTOR, QUIET_SECONDS, Backoff
 from .bridge import Bridge, Listener, listener_for
-from .vendors import PAUSE_NOTICE
+from .changewait import ChangeWait
+from .vendors import ANY_WORKER_NOTICE, PAUSE_NOTICE
 
 if TYPE_CHECKING:
     from .options import Options
@@ -30,11 +31,6 @@ logger = logging.getLogger("django_dbworker.coordinator")
 
 
 _UNSEEN: Any = object()  # no probe answered yet
-# After this long without a change the probe runs half as often: probing costs a wake-up
-# and a query each time (about 0.3 ms of CPU on a small VM), which at PROBE_SECONDS kept
-# an idle coordinator above 1 % of a core. A change brings the full rate back at once.
-QUIET_SECONDS = 1.0
-QUIET_FACTOR = 2.0
 # Where a doorbell says when the database's files are written (SQLite on Linux), the
 # probe runs when it rings, at most every PROBE_SECONDS, and on this timer only to catch
 # a write the bell cannot see (a file shared over the network or with a virtual machine).
@@ -62,7 +58,7 @@ class Wakeups:
         self.settings, self.health = settings, health
         self.backoff = {name: Backoff(settings.poll_seconds, settings.max_poll_seconds)
                         for name in workers}
-        self.listener: Listener | None = None
+        self.listener: Listener | ChangeWait | None = None
         self._no_notifications = False  # NOTIFY does not reach us (PgBouncer): probe instead
         self._checked = False
         self.next_probe = 0.0
@@ -89,9 +85,10 @@ class Wakeups:
     # -- NOTIFY ----------------------------------------------------------------------------
     def listen(self, bridge: Bridge) -> None:
         """LISTEN for wake-ups, if the database can, and check once that they arrive."""
-        if self._no_notifications or self.listener is not None or not bridge.vendor.notifies:
+        if (self._no_notifications or self.listener is not None
+                or not bridge.vendor.pushes_changes):
             return
-        self.listener = self.health.call(listener_for, bridge)
+        self.listener = self.health.call(listener_for, bridge, self.settings.probe_seconds)
         if self.listener is None or self._checked:
             return
         hears = self.health.call(self.listener.hears, bridge)
@@ -117,6 +114,8 @@ class Wakeups:
             self.close_listener()
             self.wake_all()  # (a notification it had read may be lost with it)
             return False  # the next renewal listens again
+        if ANY_WORKER_NOTICE in names:
+            self.wake_all()
         for name in names:
             if name in self.backoff:
                 self.backoff[name].wake()

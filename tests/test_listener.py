@@ -28,7 +28,7 @@ pytestmark = [
 @pytest.fixture
 def listening():
     bridge = Bridge()
-    listener = listener_for(bridge)
+    listener = listener_for(bridge, 0.02)
     yield bridge, listener
     listener.close()
     bridge.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import (
+    ANY_WORKER_NOTICE,
     EXECUTION_TABLE,
     NOTIFY_CHANNEL,
     PAUSE_NOTICE,
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 __all__ = [
-    "EXECUTION_TABLE", "NOTIFY_CHANNEL", "PAUSE_NOTICE", "TRIGGER_NAME", "VENDORS", "MySQL", "PostgreSQL",
+    "ANY_WORKER_NOTICE", "EXECUTION_TABLE", "NOTIFY_CHANNEL", "PAUSE_NOTICE", "TRIGGER_NAME",
+    "VENDORS", "MySQL", "PostgreSQL",
     "SQLite", "TriggerNames", "TriggerSource", "UnsupportedDatabase", "Vendor",
     "driver_error", "error_code", "for_connection", "for_engine", "prepare_child_settings",
 ]

@@ -24,6 +24,7 @@ EXECUTION_TABLE = "django_dbworker_execution"
 PAUSE_TABLE = "django_dbworker_workerpause"
 NOTIFY_CHANNEL = "dbworker"
 PAUSE_NOTICE = ".pause"  # the payload that says a pause changed (no worker has this name)
+ANY_WORKER_NOTICE = ".any"  # (from a change wait: new rows, for whichever worker)
 TEXT_KEY_TYPES = {"CharField", "TextField", "SlugField", "EmailField", "URLField"}
 # Statuses a source change re-runs (rerun_on) and the one it flags instead.
 RERUN_STATUSES = ("finished", "failed")
@@ -261,6 +262,17 @@ class Vendor:
         that column changes with every commit (so with the pauses too): the probe runs
         it first, and the whole probe only when its answer moved."""
         return None
+
+    @property
+    def pushes_changes(self) -> bool:
+        """Whether a connection can wait for new rows and pauses to be announced: NOTIFY,
+        or a statement that returns when the change probe's answer moves."""
+        return self.notifies
+
+    def change_wait_sql(self, seen: str, pause: float, rounds: int) -> str:
+        """One statement that returns the change probe's answer as one string once it
+        differs from ``seen``, or after ``rounds`` looks ``pause`` seconds apart."""
+        raise NotImplementedError(f"{self.name} cannot wait for changes in the server")
 
     def change_doorbell(self) -> Any | None:
         """Where there is no NOTIFY: something the coordinator can wait on (a ``fileno()``
