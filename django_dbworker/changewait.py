@@ -63,7 +63,8 @@ class ChangeWait:
 
     def _send(self, seen: str) -> None:
         quiet = time.monotonic() - self._changed_at >= QUIET_SECONDS
-        pause = self._probe_seconds * (QUIET_FACTOR if quiet else 1)
+        # (at most WAIT_SECONDS: a large PROBE_SECONDS must not look like silence)
+        pause = min(self._probe_seconds * (QUIET_FACTOR if quiet else 1), WAIT_SECONDS)
         rounds = max(1, round(WAIT_SECONDS / pause))
         self._conn.send_query(self._vendor.change_wait_sql(seen, pause, rounds))
         self._sent_at = time.monotonic()
@@ -76,7 +77,9 @@ class ChangeWait:
         last answer (the first answer wakes everything: rows committed while there was
         no wait, after an outage, are claimed now). Raises if the statement has gone
         silent (SILENT_SECONDS)."""
-        if not select.select([self], [], [], 0)[0]:
+        readable = select.poll()  # (not select(): a file number may be above 1023)
+        readable.register(self.fileno(), select.POLLIN)
+        if not readable.poll(0):
             if time.monotonic() - self._sent_at > WAIT_SECONDS + SILENT_SECONDS:
                 raise ConnectionError(f"no answer from the change wait in "
                                       f"{time.monotonic() - self._sent_at:.0f}s")

@@ -377,10 +377,9 @@ class Coordinator:
             probing = not self._stopping and self.health.available(now)
             probe_at = self.wakeups.deadline() if probing else None
             end = until if probe_at is None else min(until, probe_at)
-            # The bell only while a slot is free: every commit of a busy child rings it,
-            # and the child's own message wakes the loop for its next claim anyway.
-            doorbell = (self.wakeups.doorbell
-                        if any(p.free_slots(now) for p in self.pools) else None)
+            # (read while every slot is busy too: a child's commit rings it for nothing,
+            # but a pause committed then must be seen before the next claim)
+            doorbell = self.wakeups.doorbell
             ready = self.watcher.wait(self.pools, self.wakeups.listener, max(end - now, 0.0),
                                       doorbell)
             rang = False

@@ -98,19 +98,20 @@ def test_an_idle_coordinator_waits_in_the_server_and_picks_up_a_row_at_once():
             return change_token()
 
         coordinator.bridge.change_token = counted  # the timer's probe: not used
-        time.sleep(2.5)  # idle: the back-off has grown past 1 s
         for _ in range(3):
+            # Idle for 2.5 s each time: the poll back-off (0.25, 0.5, 1 s...) would claim
+            # the row 0.75 s or more after its insert.
+            time.sleep(2.5)
             doc = Document.objects.create()
             committed = time.monotonic()
             wait_for(lambda doc=doc: execution("docs", doc).status != "pending",
                      timeout=30, interval=0.005)
             waits.append(time.monotonic() - committed)
-            time.sleep(0.7)
     finally:
         coordinator.stop()
     print(f"\nclaimed {[round(w * 1000) for w in waits]} ms after each insert")
     assert probes == []
-    assert max(waits) < 0.2, waits
+    assert max(waits) < 0.5, waits
 
 
 def test_a_wait_whose_connection_is_killed_gives_way_to_the_probe_then_comes_back():
@@ -122,7 +123,8 @@ def test_a_wait_whose_connection_is_killed_gives_way_to_the_probe_then_comes_bac
         assert isinstance(first, ChangeWait)
         with connection.cursor() as cursor:
             cursor.execute(f"KILL CONNECTION {first._conn.thread_id()}")
-        # Until the next lease renewal listens again, the timer's probe finds the row.
+        # Until the next lease renewal waits again, the row is still found (the lost wait
+        # woke every worker; then the timer's probe and the poll look).
         doc = Document.objects.create()
         wait_for(lambda: execution("docs", doc).status == "finished", timeout=10, interval=0.01)
         wait_for(lambda: isinstance(coordinator.wakeups.listener, ChangeWait)
