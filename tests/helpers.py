@@ -150,6 +150,31 @@ class busy_machine:
             p.wait(timeout=30)
 
 
+def counting_probes(coordinator: Coordinator) -> list[float]:
+    """A list that gets the time (monotonic) of each change probe the running
+    ``coordinator`` makes from now on."""
+    assert coordinator.bridge is not None
+    probes: list[float] = []
+    change_token = coordinator.bridge.change_token
+
+    def counted():
+        probes.append(time.monotonic())
+        return change_token()
+
+    coordinator.bridge.change_token = counted  # looked up on each probe
+    return probes
+
+
+def seconds_to_claim() -> float:
+    """Insert a Document; the seconds from its commit until its ``docs`` row is claimed."""
+    from tests.testapp.models import Document
+
+    doc = Document.objects.create()
+    committed = time.monotonic()
+    wait_for(lambda: execution("docs", doc).status != "pending", timeout=30, interval=0.005)
+    return time.monotonic() - committed
+
+
 def execution(worker: str, obj) -> Execution:
     """This row's Execution for ``worker`` (``obj``: an instance or a primary key)."""
     from django_dbworker.api import source_key

@@ -14,7 +14,7 @@ from django_dbworker.bridge import Bridge
 from django_dbworker.changewait import WAIT_SECONDS, ChangeWait
 from django_dbworker.pauses import pause, resume
 from django_dbworker.vendors import ANY_WORKER_NOTICE, PAUSE_NOTICE
-from tests.helpers import execution, wait_for
+from tests.helpers import counting_probes, execution, seconds_to_claim, wait_for
 from tests.testapp.models import Document
 
 pytestmark = [
@@ -86,27 +86,15 @@ def test_the_wait_reads_without_locks(waiting):
 def test_an_idle_coordinator_waits_in_the_server_and_picks_up_a_row_at_once():
     coordinator = Coordinator(["docs"], poll_seconds=0.25, max_poll_seconds=10)
     coordinator.start()
-    probes: list[float] = []
     waits: list[float] = []
     try:
         assert isinstance(coordinator.wakeups.listener, ChangeWait)
-        assert coordinator.bridge is not None
-        change_token = coordinator.bridge.change_token
-
-        def counted():
-            probes.append(time.monotonic())
-            return change_token()
-
-        coordinator.bridge.change_token = counted  # the timer's probe: not used
+        probes = counting_probes(coordinator)  # the timer's probe: not used
         for _ in range(3):
             # Idle for 2.5 s each time: the poll back-off (0.25, 0.5, 1 s...) would claim
             # the row 0.75 s or more after its insert.
             time.sleep(2.5)
-            doc = Document.objects.create()
-            committed = time.monotonic()
-            wait_for(lambda doc=doc: execution("docs", doc).status != "pending",
-                     timeout=30, interval=0.005)
-            waits.append(time.monotonic() - committed)
+            waits.append(seconds_to_claim())
     finally:
         coordinator.stop()
     print(f"\nclaimed {[round(w * 1000) for w in waits]} ms after each insert")

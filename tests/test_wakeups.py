@@ -11,7 +11,7 @@ from django.db import connection
 from django.test import override_settings
 
 from django_dbworker import Coordinator
-from tests.helpers import execution, wait_for
+from tests.helpers import counting_probes, execution, seconds_to_claim, wait_for
 from tests.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -134,7 +134,6 @@ def test_on_sqlite_an_idle_coordinator_sleeps_until_the_doorbell_rings():
     coordinator = Coordinator(["docs"], poll_seconds=0.25, max_poll_seconds=10,
                               probe_seconds=0.02)
     coordinator.start()
-    probes: list[float] = []
     waits: list[float] = []
     try:
         doorbell = coordinator.wakeups.doorbell
@@ -142,25 +141,14 @@ def test_on_sqlite_an_idle_coordinator_sleeps_until_the_doorbell_rings():
             assert doorbell is None
             return
         assert doorbell is not None
-        assert coordinator.bridge is not None
-        change_token = coordinator.bridge.change_token
-
-        def counted():
-            probes.append(time.monotonic())
-            return change_token()
-
-        coordinator.bridge.change_token = counted  # looked up on each probe
+        probes = counting_probes(coordinator)
         time.sleep(3)  # idle
         idle_probes = len(probes)
         for _ in range(3):
             # Insert 0.4 s after the last probe: a coordinator waiting for its backstop
             # would claim the row about 0.6 s later.
             wait_for(lambda: time.monotonic() - probes[-1] >= 0.4, interval=0.01)
-            doc = Document.objects.create()
-            committed = time.monotonic()
-            wait_for(lambda doc=doc: execution("docs", doc).status != "pending",
-                     timeout=30, interval=0.005)
-            waits.append(time.monotonic() - committed)
+            waits.append(seconds_to_claim())
     finally:
         coordinator.stop()
     print(f"\n{idle_probes} probes in 3 s idle; claimed {[round(w * 1000) for w in waits]} ms "
