@@ -240,9 +240,13 @@ class Vendor:
         """A statement cheap enough to run every PROBE_SECONDS where the database cannot
         notify: its first column changes when rows are inserted (new work), the others
         when a worker is paused or resumed (a pause's time is that of its new row)."""
+        return "SELECT " + ", ".join(f"({column})" for column in self.change_probe_columns())
+
+    def change_probe_columns(self) -> list[str]:
+        """The change probe's columns, one subquery each (see change_probe_sql)."""
         pauses = self.qn(PAUSE_TABLE)
-        return (f"SELECT ({self.new_rows_sql()}), (SELECT COUNT(*) FROM {pauses}), "
-                f"(SELECT MAX(paused_at) FROM {pauses})")
+        return [self.new_rows_sql(), f"SELECT COUNT(*) FROM {pauses}",
+                f"SELECT MAX(paused_at) FROM {pauses}"]
 
     def new_rows_sql(self) -> str:
         """The change probe's first column: one read of the primary key's end."""

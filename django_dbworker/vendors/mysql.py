@@ -7,7 +7,6 @@ from typing import Any
 
 from .base import (
     EXECUTION_TABLE,
-    PAUSE_TABLE,
     UnsupportedDatabase,
     Vendor,
     error_code,
@@ -48,9 +47,9 @@ class MySQL(Vendor):
         return self.is_mariadb
 
     def change_wait_sql(self, seen: str, pause: float, rounds: int) -> str:
-        pauses = self.qn(PAUSE_TABLE)
-        answer = (f"SELECT CONCAT_WS(',', IFNULL(({self.new_rows_sql()}), '-'), "
-                  f"(SELECT COUNT(*) FROM {pauses}), IFNULL((SELECT MAX(paused_at) FROM {pauses}), '-'))")
+        # The change probe's columns as one string ('-' for NULL: CONCAT_WS skips NULLs).
+        answer = "SELECT CONCAT_WS(',', " + ", ".join(
+            f"IFNULL(({column}), '-')" for column in self.change_probe_columns()) + ")"
         # Read by SELECT ... INTO, a consistent read: a subquery in the WHILE condition
         # is a locking read in a stored program (measured: it waited for an uncommitted
         # insert, and its lock made claims skip the newest row). ``seen``: an earlier
