@@ -53,7 +53,8 @@ def tables(report: dict[str, Any], source: str) -> str:
     if cfg.get("peers"):
         out += ["How each system ran:", "", *peers(cfg)]
     for section, table in (("drain", drain_table), ("pickup", pickup_table),
-                           ("history", history_table), ("scale_out", scale_table),
+                           ("history", history_table), ("poison", poison_table),
+                           ("scale_out", scale_table),
                            ("memory", memory_table)):
         if s.get(section):  # a partial run (--only) has only some
             out += [*table(s[section], cfg), ""]
@@ -127,6 +128,45 @@ def history_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         out.append(f"| {name} | {num(row['empty'])} | {num(row['history'])} | "
                    f"{num(row['ratio'], 2)} |")
     return out
+
+
+def poison_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    out = [f"**Poison row** ({cfg['poison_jobs']:,} rows drained by `runworkers --drain`, the "
+           "first of them killing its child every time vs none; the other rows' jobs/s, "
+           "seconds from start until they all finished and until the first of them started, "
+           "and the longest pause between two handler starts; medians of "
+           f"{cfg['poison_repeats']} pairs, the arms of a pair run one after the other; "
+           "*pairs*: each pair's ratio and their median)", "",
+           "| database / concurrency | no poison, jobs/s | poison, jobs/s | ratio | pairs | "
+           "no poison, s | poison, s | ratio | first start | longest pause | "
+           "poison row at drain end | then |",
+           "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|"]
+    for name, row in rows.items():
+        at_end, then = poison_words(row)
+        pairs = " / ".join(num(x, 2) for x in row["pair_ratios"])
+        if row.get("pair_ratio_median") is not None:
+            pairs = f"{num(row['pair_ratio_median'], 2)} ({pairs})"
+        pause = " -> ".join(num(row.get(k) and row[k] * 1000) + " ms"
+                            for k in ("clean_longest_gap_s", "poison_longest_gap_s"))
+        first = " -> ".join(num(row.get(k), 1) + " s"
+                            for k in ("clean_first_start_s", "poison_first_start_s"))
+        out.append(f"| {name} | {num(row['clean_jobs_per_s'])} | "
+                   f"{num(row['poison_jobs_per_s'])} | {num(row['ratio'], 2)} | {pairs} | "
+                   f"{num(row['clean_done_s'], 1)} | {num(row['poison_done_s'], 1)} | "
+                   f"{num(row['done_s_ratio'], 2)} | {first} | {pause} | {at_end} | {then} |")
+    return out
+
+
+def poison_words(row: dict[str, Any]) -> tuple[str, str]:
+    """The poison row when --drain exited (over the repeats), and after the follow-up run."""
+    seen = row["poison_row_at_drain_end"]
+    if not seen:
+        return "-", "-"
+    crashes = sorted({x["crashes"] for x in seen})
+    span = f"{crashes[0]}" if len(crashes) == 1 else f"{crashes[0]}-{crashes[-1]}"
+    at_end = f"{' / '.join(sorted({x['status'] for x in seen}))}, {span} crash(es)"
+    after = row.get("poison_row_after")
+    return at_end, (f"{after['status']} after {after['crashes']} crashes" if after else "-")
 
 
 def scale_table(rows: dict[str, Any], cfg: dict[str, Any]) -> list[str]:

@@ -12,8 +12,10 @@ per transaction) on each, and on PostgreSQL the peers: Celery + Redis (CELERY_DB
 set), our django.tasks backend, Procrastinate, django-tasks-db (each optional: "not run"
 when its package is missing); pickup latency (row committed -> handler starts, warm idle
 workers) and idle CPU; history ratio (5,000 new rows with 100,000 finished rows in history
-vs none, medians of 5, default ordering and a filtered/ordered eligible()); scale-out (1, 2, 4
-`runworkers` processes on PostgreSQL, duplicates checked); RSS of coordinator and children.
+vs none, medians of 5, default ordering and a filtered/ordered eligible()); poison row
+(10,000 rows with one whose handler kills its child every time vs none, concurrency 1 and
+2, every database, medians of 5 pairs); scale-out (1, 2, 4 `runworkers` processes on
+PostgreSQL, duplicates checked); RSS of coordinator and children.
 Prints a table and writes benchmarks/results/<date>[-N][-quick][-partial].json (N: the
 day's second, third... run); results live only in these dated files.
 """
@@ -47,9 +49,12 @@ from scenarios.drain import drain_systems, peer_config
 from scenarios.history import history
 from scenarios.memory import memory
 from scenarios.pickup import pickup_systems
+from scenarios.poison import poison
 from scenarios.scale import scale_out
 from scenarios.summary import machine, server_versions, summarize
 from scenarios.tables import print_table
+
+SCENARIOS = ("drain", "pickup", "history", "poison", "scale", "memory")
 
 
 def main() -> int:
@@ -64,12 +69,18 @@ def main() -> int:
     parser.add_argument("--history-new", type=int)
     parser.add_argument("--history-repeats", type=int,
                         help="runs of each history pair (median; default 5, quick 1)")
+    parser.add_argument("--poison-jobs", type=int,
+                        help="rows per poison-scenario drain, the poison row included "
+                             "(default 10,000, quick 2,000)")
+    parser.add_argument("--poison-repeats", type=int,
+                        help="pairs (poison row / none) per database and concurrency "
+                             "(median; default 5, quick 1)")
     parser.add_argument("--scale-jobs", type=int)
     parser.add_argument("--memory-jobs", type=int)
     parser.add_argument("--databases", default=",".join(ALL_DBS),
                         help="comma-separated subset of postgres,mysql,sqlite")
-    parser.add_argument("--only", default="drain,pickup,history,scale,memory",
-                        help="comma-separated subset of drain,pickup,history,scale,memory")
+    parser.add_argument("--only", default=",".join(SCENARIOS),
+                        help=f"comma-separated subset of {','.join(SCENARIOS)}")
     parser.add_argument("--systems", default="", metavar="WORDS",
                         help="comma-separated words: run only the drain and pickup systems "
                              "whose label contains one of them (e.g. 'tasks backend,no queue')")
@@ -89,6 +100,8 @@ def main() -> int:
     # ratio swung by 15 % from one repeat to the next, more than any cost of history.
     cfg.history_new = cfg.history_new or (250 if quick else 5000)
     cfg.history_repeats = cfg.history_repeats or (1 if quick else 5)
+    cfg.poison_jobs = cfg.poison_jobs or (2000 if quick else 10_000)
+    cfg.poison_repeats = cfg.poison_repeats or (1 if quick else 5)
     cfg.scale_jobs = cfg.scale_jobs or (400 if quick else 5000)
     cfg.memory_jobs = cfg.memory_jobs or (5000 if quick else 100_000)
     only = set(cfg.only.split(","))
@@ -114,6 +127,7 @@ def main() -> int:
         "mode": "quick" if quick else "full",
         "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples", "idle_seconds",
                                                  "history_rows", "history_new", "history_repeats",
+                                                 "poison_jobs", "poison_repeats",
                                                  "scale_jobs", "memory_jobs")},
         "machine": machine(), "servers": server_versions(dbs),
     }
@@ -122,7 +136,7 @@ def main() -> int:
     report["config"]["dbworker_settings"] = settings.DBWORKER
     report["config"]["peers"] = peer_config()
     raw: dict[str, Any] = {"drain": {}, "not_run": {}, "pickup": {}, "history": {},
-                           "scale_out": {}, "memory": []}
+                           "poison": {}, "scale_out": {}, "memory": []}
 
     def step(label: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {label}", flush=True)
@@ -155,6 +169,22 @@ def main() -> int:
                     for past, key in arms if r % 2 == 0 else arms[::-1]:
                         step(f"history {label}, {past} finished rows (run {r + 1})")
                         pair[key].append(history(db, worker, cfg.history_new, past, cfg))
+    if "poison" in only:
+        for r in range(cfg.poison_repeats):
+            for db in dbs:
+                for concurrency in (1, 2):
+                    label = f"{DB_NAMES[db]} / concurrency {concurrency}"
+                    pair = raw["poison"].setdefault(label, {"clean": [], "poison": []})
+                    arms = [(False, "clean"), (True, "poison")]
+                    # As for history: the arms swap order from one pair to the next.
+                    for poisoned, key in arms if r % 2 == 0 else arms[::-1]:
+                        step(f"poison {label}, {'one poison row' if poisoned else 'none'} "
+                             f"(run {r + 1})")
+                        # The first pair also follows the poison row to FAILED (untimed).
+                        result = poison(db, cfg.poison_jobs, concurrency, poisoned, cfg,
+                                        follow=r == 0)
+                        result["db"] = db
+                        pair[key].append(result)
     if "memory" in only and "postgres" in dbs:
         step(f"memory: one drain of {cfg.memory_jobs:,} jobs")
         raw["memory"].append(memory(cfg.memory_jobs, cfg))
@@ -164,7 +194,7 @@ def main() -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     # Only a complete full run is named by its date alone (report.py shows the newest
     # of those); a run never replaces an earlier one's file.
-    partial = (only != {"drain", "pickup", "history", "scale", "memory"}
+    partial = (only != set(SCENARIOS)
                or len(dbs) < len(ALL_DBS) or bool(cfg.systems))
     kind = f"{'-quick' if quick else ''}{'-partial' if partial else ''}"
     dated, n = RESULTS / f"{stamp}{kind}.json", 1

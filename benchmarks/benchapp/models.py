@@ -1,4 +1,4 @@
-"""Rows that are the work (Job, OrderedJob) and the one row a job writes (Effect)."""
+"""Rows that are the work (Job, OrderedJob, PoisonJob) and the one row a job writes (Effect)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ class OrderedJob(models.Model):
     created_ts = models.FloatField(default=0.0)
     priority = models.IntegerField(default=0)
     ready = models.BooleanField(default=True)
+
+
+class PoisonJob(models.Model):
+    """Work for the `bench_poison` worker (the poison scenario): a Job, plus the mark of
+    the one row whose handler kills its child every time. A table of its own, so that
+    its worker adds no Execution rows to the other scenarios' Job rows."""
+
+    created_ts = models.FloatField(default=0.0)
+    priority = models.IntegerField(default=0)
+    ready = models.BooleanField(default=True)
+    poison = models.BooleanField(default=False)
 
 
 class Effect(models.Model):

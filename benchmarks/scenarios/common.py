@@ -110,7 +110,7 @@ def migrate(db: str) -> None:
 
 
 # -- database helpers (harness side, Django ORM on the alias of each database) -----------
-TABLES = ["benchapp_effect", "benchapp_job", "benchapp_orderedjob",
+TABLES = ["benchapp_effect", "benchapp_job", "benchapp_orderedjob", "benchapp_poisonjob",
           "django_dbworker_execution", "django_dbworker_coordinatorheartbeat"]
 
 
@@ -332,12 +332,13 @@ class Tree:
         self.log.close()
 
 
-def runworkers(db: str, worker: str, *, drain: bool, log: Path) -> Tree:
+def runworkers(db: str, worker: str, *, drain: bool, log: Path, concurrency: int = 2,
+               **env: str) -> Tree:
     args = [sys.executable, str(HERE / "manage.py"), "runworkers", "--worker", worker,
-            "--concurrency", f"{worker}=2", "-v0"]
+            "--concurrency", f"{worker}={concurrency}", "-v0"]
     if drain:
         args.append("--drain")
-    return Tree(args, env_for(db), log)
+    return Tree(args, env_for(db, **env), log)
 
 
 CELERY_DB_REUSE_MAX = 1_000_000  # passed to benchproject.settings (BENCH_CELERY_DB_REUSE_MAX)

@@ -95,7 +95,8 @@ def summarize_drains(drains: dict[str, list[dict[str, Any]]],
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "scale_out": {}}
+    out: dict[str, Any] = {"drain": {}, "pickup": {}, "history": {}, "poison": {},
+                           "scale_out": {}}
     if raw.get("memory"):
         out["memory"] = raw["memory"][-1]  # one long run: it is its own repeat
     not_run = raw.get("not_run", {})
@@ -111,6 +112,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         full = median_of(pair["history"], "jobs_per_s")
         out["history"][name] = {"empty": empty, "history": full,
                                 "ratio": round(full / empty, 2) if empty and full else None}
+    out["poison"] = summarize_poison(raw.get("poison", {}))
     for name, runs in raw["scale_out"].items():
         out["scale_out"][name] = {
             "jobs_per_s": median_of(runs, "jobs_per_s"),
@@ -118,4 +120,59 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "finished": min(r["finished"] for r in runs),
             "cpu_busy_percent": median_of(runs, "machine_cpu_busy_percent"),
         }
+    return out
+
+
+def summarize_poison(pairs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per database and concurrency: medians of each arm, poison / no poison (ratio of
+    the medians, and each pair's), and what became of the poison row."""
+    out: dict[str, Any] = {}
+    for name, pair in pairs.items():
+        clean, poisoned = pair["clean"], pair["poison"]
+        row: dict[str, Any] = {
+            "db": clean[0]["db"] if clean else poisoned[0]["db"],
+            "concurrency": (clean or poisoned)[0]["concurrency"],
+            "repeats": min(len(clean), len(poisoned)),
+            "clean_jobs_per_s": median_of(clean, "jobs_per_s"),
+            "poison_jobs_per_s": median_of(poisoned, "jobs_per_s"),
+            "clean_done_s": median_of(clean, "others_done_s"),
+            "poison_done_s": median_of(poisoned, "others_done_s"),
+            "clean_first_start_s": median_of(clean, "first_start_s"),
+            "poison_first_start_s": median_of(poisoned, "first_start_s"),
+            "clean_longest_gap_s": median_of(clean, "longest_gap_s"),
+            "poison_longest_gap_s": median_of(poisoned, "longest_gap_s"),
+            # Each pair (the two arms run one after the other): poison arm's jobs/s over the
+            # clean arm's. Their median is robust to the machine's load drifting between
+            # pairs, which the ratio of the two medians is not.
+            "pair_ratios": [round(p["jobs_per_s"] / c["jobs_per_s"], 2)
+                            for c, p in zip(clean, poisoned, strict=False)
+                            if c.get("jobs_per_s") and p.get("jobs_per_s")],
+            # The machine is shared: its 1-minute load average as the runs began.
+            "loadavg_1min_range": [min(loads), max(loads)] if (loads := [
+                r["loadavg_1min"] for r in clean + poisoned if "loadavg_1min" in r]) else None,
+            # Other rows not finished when --drain exited, over all runs (0 expected), and
+            # rows that ran twice (two Effect rows: 0 expected).
+            "others_not_finished": sum(r["jobs"] - r["others_status"].get("finished", 0)
+                                       for r in clean + poisoned),
+            "duplicates": sum(r["duplicates"] for r in clean + poisoned),
+            "poison_row_at_drain_end": [
+                {k: r["poison_row"][k] for k in ("status", "crashes", "retry_due_in_s")}
+                for r in poisoned if r.get("poison_row")],
+            # When the poison row's last attempt was claimed, against when the last other
+            # row finished (seconds; about 0: its retry ran once the others were done).
+            "poison_last_claim_minus_others_done_s": [
+                round(r["poison_row"]["last_claimed_s"] - r["others_done_s"], 3)
+                for r in poisoned if r.get("poison_row", {}).get("last_claimed_s") is not None
+                and r.get("others_done_s") is not None],
+            "poison_row_after": next((r["poison_row_after"] for r in poisoned
+                                      if r.get("poison_row_after")), None),
+        }
+        c, p = row["clean_jobs_per_s"], row["poison_jobs_per_s"]
+        row["ratio"] = round(p / c, 2) if c and p else None
+        row["pair_ratio_median"] = (round(statistics.median(row["pair_ratios"]), 2)
+                                    if row["pair_ratios"] else None)
+        c, p = row["clean_done_s"], row["poison_done_s"]
+        # Seconds, poison over clean: 1.10 means the other rows took 10 % longer.
+        row["done_s_ratio"] = round(p / c, 2) if c and p else None
+        out[name] = row
     return out

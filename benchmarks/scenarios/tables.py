@@ -13,6 +13,11 @@ def fmt(v: Any, suffix: str = "") -> str:
         if isinstance(v, float) else str(v)
 
 
+def two(v: float | None) -> str:
+    """A ratio, to two decimals (fmt gives one)."""
+    return "-" if v is None else f"{v:.2f}"
+
+
 W = 76  # width of the tables' first column
 
 
@@ -24,7 +29,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"machine: {report['machine'].get('cpu', '?')}, {report['machine']['cpus']} cpus")
     print()
     for section, show in (("drain", print_drain), ("pickup", print_pickup),
-                          ("history", print_history), ("scale_out", print_scale_out),
+                          ("history", print_history), ("poison", print_poison),
+                          ("scale_out", print_scale_out),
                           ("memory", print_memory)):
         if s.get(section):  # a partial run (--only) leaves the others out
             show(s[section], cfg)
@@ -72,6 +78,50 @@ def print_history(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
     for name, row in rows.items():
         print(f"  {name:<38}{fmt(row['empty']):>10}{fmt(row['history']):>13}"
               f"{fmt(row['ratio']):>8}")
+
+
+def poison_row_words(row: dict[str, Any]) -> tuple[str, str]:
+    """The poison row when --drain exited (over the repeats), and after the follow-up run."""
+    seen = row["poison_row_at_drain_end"]
+    statuses = sorted({x["status"] for x in seen})
+    crashes = sorted({x["crashes"] for x in seen})
+    span = f"{crashes[0]}" if len(crashes) == 1 else f"{crashes[0]}-{crashes[-1]}"
+    at_end = f"{'/'.join(statuses)}, {span} crash(es)" if seen else "-"
+    after = row.get("poison_row_after")
+    then = (f"{after['status']} after {after['crashes']} crashes" if after
+            else "failed already" if statuses == ["failed"] else "-")
+    return at_end, then
+
+
+def print_poison(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
+    print(f"Poison row ({cfg['poison_jobs']:,} rows drained, the first one killing its child "
+          f"every time vs none; medians of {cfg['poison_repeats']} pairs; the other rows' "
+          "jobs/s, seconds until they all finished, longest pause between handler starts)")
+    print(f"  {'database / concurrency':<30}{'clean j/s':>10}{'poison j/s':>11}{'ratio':>7}"
+          f"{'pairs':>7}{'clean s':>9}{'poison s':>10}{'ratio':>7}{'1st start s':>13}"
+          f"{'pause ms':>11}"
+          f"  {'poison row at drain end':<28}then")
+    for name, row in rows.items():
+        at_end, then = poison_row_words(row)
+        pause = (f"{fmt(ms(row.get('clean_longest_gap_s')))}/"
+                 f"{fmt(ms(row.get('poison_longest_gap_s')))}")
+        first = (f"{fmt(row.get('clean_first_start_s'))}/"
+                 f"{fmt(row.get('poison_first_start_s'))}")
+        print(f"  {name:<30}{fmt(row['clean_jobs_per_s']):>10}{fmt(row['poison_jobs_per_s']):>11}"
+              f"{two(row['ratio']):>7}{two(row.get('pair_ratio_median')):>7}"
+              f"{fmt(row['clean_done_s']):>9}{fmt(row['poison_done_s']):>10}"
+              f"{two(row['done_s_ratio']):>7}{first:>13}{pause:>11}  {at_end:<28}{then}")
+        if row["others_not_finished"] or row["duplicates"]:
+            print(f"  {'':<30}  {row['others_not_finished']} other rows not finished, "
+                  f"{row['duplicates']} ran twice")
+    print("  (ratio: of the medians; pairs: median of each pair's ratio, the arms of a pair run "
+          "one after the other; s ratio: poison / clean seconds, above 1 = slower;\n"
+          "   1st start s, pause ms: the first other row's handler start after runworkers' "
+          "start, the longest wait between two handler starts, clean/poison)")
+
+
+def ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
 
 
 def print_scale_out(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
