@@ -25,7 +25,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from . import conf
+from . import clock, conf
 from .admin_mixins import DBWorkerStatusMixin, transition_action
 from .dashboard import FINISHED_COUNT_LIMIT, Dashboard, format_age
 from .models import Execution, ExecutionQuerySet
@@ -99,7 +99,7 @@ class ExecutionAdmin(admin.ModelAdmin):
     actions = ["reset_failed", "run_again"]
     readonly_fields = ["source_link", "status_badge", "traceback"]
     fieldsets = [
-        (None, {"fields": ["worker", "source_link", "status_badge", "attempts",
+        (None, {"fields": ["worker", "source_link", "status_badge", "attempts", "crashes",
                            "next_attempt_at"]}),
         ("Claim", {"fields": ["claimed_by", "lease_expires_at"]}),
         ("Timeline", {"fields": ["created_at", "started_at", "finished_at", "updated_at"]}),
@@ -249,21 +249,45 @@ class ExecutionAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(back)
 
     def why_view(self, request: HttpRequest, worker: str, source_id: str) -> HttpResponse:
-        """Why is this row not running? One finding per part that decides it."""
-        from .diagnosis import diagnose
+        """Why is this row not running? One finding per part that decides it.
+
+        The findings tell whether the source row exists and what is in it (which of the
+        worker's eligible() conditions it meets), so besides the view permission on
+        executions this page needs what the source model's own admin pages need: its view
+        (or change) permission, asked of its ModelAdmin when this site registers one. A
+        key that no source row can have is a 404."""
+        from django.contrib.auth import get_permission_codename
+        from django.http import Http404
+
+        from .api import source_key
+        from .diagnosis import InvalidKey, diagnose, parse_key
 
         if not self.has_view_permission(request):
             raise PermissionDenied
         if worker not in registry:
             return HttpResponseRedirect(reverse("admin:django_dbworker_dashboard"))
         w = registry[worker]
-        source = unquote(source_id)
-        findings = diagnose(worker, w.pk_field.to_python(source))
+        opts = w.source._meta
+        if self.admin_site.is_registered(w.source):
+            may_view = self.admin_site.get_model_admin(w.source).has_view_or_change_permission(
+                request)
+        else:
+            may_view = any(request.user.has_perm(
+                f"{opts.app_label}.{get_permission_codename(action, opts)}")
+                for action in ("view", "change"))
+        if not may_view:
+            raise PermissionDenied
+        try:
+            pk = parse_key(w, unquote(source_id))
+        except InvalidKey as e:
+            raise Http404(str(e)) from None
+        key = source_key(w, pk)
+        findings = diagnose(worker, pk)
         execution = Execution.objects.using(_database()).filter(
-            worker=worker, source_id=source).first()
+            worker=worker, source_id=key).first()
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Why is {w.source._meta.verbose_name} {source} not running ({worker})?",
+            "title": f"Why is {opts.verbose_name} {key} not running ({worker})?",
             "subtitle": None, "opts": self.opts, "app_label": self.opts.app_label,
             "findings": findings, "blocking": [f for f in findings if f.blocking],
             "execution": execution, "media": self.media,
@@ -318,8 +342,9 @@ class ExecutionAdmin(admin.ModelAdmin):
             raise PermissionDenied
         database = _database()
         started = time.perf_counter()
+        now = clock.now(database)  # (a query once a minute: not the page's to count)
         with CaptureQueriesContext(connections[database]) as queries:
-            dashboard = Dashboard.collect(database, timezone.now())
+            dashboard = Dashboard.collect(database, now)
         elapsed_ms = (time.perf_counter() - started) * 1000
         context = {
             **self.admin_site.each_context(request),

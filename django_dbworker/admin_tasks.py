@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import CharField, OuterRef, QuerySet, Subquery, Value
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.db.models import CharField, F, Func, OuterRef, QuerySet, Subquery, UUIDField, Value
 from django.db.models.functions import Concat
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
@@ -18,6 +19,7 @@ from . import conf
 from .admin_mixins import transition_action
 from .api import SourceKeyText
 from .models import Execution, Task
+from .status import ExecutionStatus
 from .templatetags.dbworker import STYLESHEET, status_badge
 
 
@@ -40,11 +42,50 @@ def task_executions(tasks: QuerySet[Task]) -> QuerySet[Execution]:
     return executions
 
 
+class TaskKey(Func):
+    """Execution.source_id as a Task primary key (the SQL the claims use), so that the
+    Task table's primary-key index serves a filter by the executions' status."""
+
+    output_field = UUIDField()  # Task.id
+
+    def as_sql(self, compiler: Any, connection: Any, function: str | None = None,
+               template: str | None = None, arg_joiner: str | None = None,
+               **extra_context: Any) -> Any:
+        from .vendors import for_connection
+
+        sql, params = compiler.compile(self.source_expressions[0])
+        return for_connection(connection).key_from_text_sql(Task._meta.pk, sql), params
+
+
+class TaskStatusFilter(admin.SimpleListFilter):
+    """The status of each task's Execution: read from the executions of that status (the
+    (worker, status) index), not from every task's."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(s.value, s.name.title()) for s in ExecutionStatus]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
+        from .tasks.queues import queue_workers
+
+        value = self.value()
+        if value is None:
+            return queryset
+        if value not in ExecutionStatus:
+            raise IncorrectLookupParameters(f"{value!r} is not an execution status")
+        keys = (Execution.objects.using(conf.value("DATABASE"))
+                .filter(worker__in=[w.name for w in queue_workers()], status=value)
+                .values(key=TaskKey(F("source_id"))))
+        return queryset.filter(pk__in=keys)
+
+
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
     list_display = ["short_id", "task_path", "queue_name", "status_badge", "priority",
                     "enqueued_at", "run_after", "attempts", "finished_at"]
-    list_filter = ["queue_name", "backend"]
+    list_filter = [TaskStatusFilter, "queue_name", "backend"]
     search_fields = ["id__exact", "task_path__icontains"]
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER

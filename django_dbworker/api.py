@@ -60,9 +60,22 @@ def _executions(worker: str, source: Any) -> ExecutionQuerySet:
 
 
 def execution_status(worker: str, source: Any) -> ExecutionStatus | None:
-    """The status of ``source`` (instance or pk) for ``worker``; None without a record."""
+    """The status of ``source`` (instance or pk) for ``worker``; None without a record.
+
+    A stored value that is no status (written by hand, or by a newer version) raises
+    ValueError: None would read as "no record", and a guess as a state the row is not in.
+    ``{% dbworker_status %}`` shows such a value as "Unknown (value)" instead."""
     status = _executions(worker, source).values_list("status", flat=True).first()
-    return None if status is None else ExecutionStatus(status)
+    if status is None:
+        return None
+    try:
+        return ExecutionStatus(status)
+    except ValueError:
+        raise ValueError(
+            f"The execution of {source!r} for worker {worker!r} has status {status!r}, which "
+            "this version of django-dbworker does not know (written by hand, or by a newer "
+            "version)."
+        ) from None
 
 
 def _status_values(statuses: Any) -> list[str]:

@@ -14,7 +14,8 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -272,7 +273,8 @@ class Bridge:
         e = self.execution
         # Served by the index on (claimable_worker, id) that holds claimable rows only
         # (rows waiting for a due time are not in it: see promote_due).
-        stmt = sa.select(e.c.id, e.c.source_id, e.c.status, e.c.attempts, e.c.ready_at).where(
+        stmt = sa.select(e.c.id, e.c.source_id, e.c.status, e.c.attempts, e.c.ready_at,
+                         e.c.crashes).where(
             e.c.claimable_worker == worker.name)
         default_order = [e.c.priority.desc(), e.c.id] if worker.prioritized else [e.c.id]
         terms = list(compiled.terms) if compiled is not None else []
@@ -354,10 +356,11 @@ class Bridge:
             rows = CLAIM_STRATEGIES[built.strategy](self, built, params)
         else:
             rows = self._claim_from_floor(worker, limit, built, params)
-        return [Claim(r[0], r[1], token, r[2], r[3], _epoch(r[4])) for r in rows]
+        return [Claim(r[0], r[1], token, r[2], r[3], _epoch(r[4]), r[5], worker.name)
+                for r in rows]
 
     def _claim_from_floor(self, worker: Worker, limit: int, built: ClaimStatement,
-                          params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+                          params: dict[str, Any]) -> list[tuple[int, str, str, int, Any, int]]:
         now = time.monotonic()
         last = self._floors.get(worker.name)
         # (floor, when it was first set); an old one goes: this claim looks from the start
@@ -407,7 +410,7 @@ class Bridge:
             select, update = None, (
                 sa.update(e).where(e.c.id == picked.c.id).values(**values)
                 .returning(e.c.id, e.c.source_id, picked.c.status, e.c.attempts,
-                           picked.c.ready_at, e.c.priority))
+                           picked.c.ready_at, e.c.crashes, e.c.priority))
         elif strategy == "lock_then_update":
             select, update = self._locked(stmt), sa.update(e).where(ids).values(**values)
         else:  # the UPDATE re-checks claimability (the guard)
@@ -423,7 +426,7 @@ class Bridge:
         return built
 
     def _claim_returning(self, built: ClaimStatement,
-                         params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+                         params: dict[str, Any]) -> list[tuple[int, str, str, int, Any, int]]:
         """One statement: lock the candidates (skipping rows others hold), claim them."""
         # One statement is its own transaction: in autocommit it is one round trip,
         # where BEGIN ... COMMIT around it made three (a third of pickup latency).
@@ -433,8 +436,8 @@ class Bridge:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 rows = list(conn.execute(built.update, params))
         # RETURNING has no order: put back the claim order (priority, then creation).
-        rows.sort(key=lambda r: (-r[5], r[0]))
-        return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        rows.sort(key=lambda r: (-r[6], r[0]))
+        return [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
     def _run_raw(self, compiled: Any, params: dict[str, Any]) -> list[Any]:
         """Run a compiled statement in autocommit on the DB-API, on the LISTEN connection
@@ -480,7 +483,7 @@ class Bridge:
                                           dialect=self.engine.dialect)
 
     def _claim_lock_then_update(self, built: ClaimStatement,
-                                params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+                                params: dict[str, Any]) -> list[tuple[int, str, str, int, Any, int]]:
         """Lock, then claim: the SELECT keeps a custom order, which RETURNING would not."""
         assert built.select is not None
         with self.engine.begin() as conn:
@@ -488,25 +491,37 @@ class Bridge:
             failpoints.reached("coordinator.claim_locked")
             if rows:
                 conn.execute(built.update, {**params, IDS: [r.id for r in rows]})
-        return [(r[0], r[1], r[2], r[3] + 1, r[4]) for r in rows]  # attempts read before
+        return [(r[0], r[1], r[2], r[3] + 1, r[4], r[5]) for r in rows]  # attempts read before
 
     def _claim_immediate_then_update(self, built: ClaimStatement,
-                                     params: dict[str, Any]) -> list[tuple[int, str, str, int, Any]]:
+                                     params: dict[str, Any]) -> list[tuple[int, str, str, int, Any, int]]:
         """One writer at a time: BEGIN IMMEDIATE takes the write lock before reading, so
         the rows read are still claimable when the UPDATE runs; the UPDATE re-checks
         claimability anyway (the guard)."""
         assert built.select is not None
+        with self.writing() as conn:
+            rows = conn.execute(built.select, params).all()
+            if rows:
+                conn.execute(built.update, {**params, IDS: [r.id for r in rows]})
+        return [(r[0], r[1], r[2], r[3] + 1, r[4], r[5]) for r in rows]
+
+    @contextmanager
+    def writing(self) -> Iterator[Connection]:
+        """One transaction for statements that must commit together, on every database:
+        where the engine commits each statement (SQLite), BEGIN IMMEDIATE takes the write
+        lock first and COMMIT ends it."""
+        if not self.vendor.autocommit_engine:
+            with self.engine.begin() as conn:
+                yield conn
+            return
         with self.engine.connect() as conn:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
             try:
-                rows = conn.execute(built.select, params).all()
-                if rows:
-                    conn.execute(built.update, {**params, IDS: [r.id for r in rows]})
+                yield conn
                 conn.exec_driver_sql("COMMIT")
             except BaseException:
                 conn.exec_driver_sql("ROLLBACK")
                 raise
-        return [(r[0], r[1], r[2], r[3] + 1, r[4]) for r in rows]
 
     # -- rows that wait for a due time --------------------------------------------------
     def seconds_until_due(self, worker: Worker) -> float | None:
@@ -571,16 +586,14 @@ class Bridge:
             return result.rowcount or 0
 
     def release(self, claim: Claim, decision: RetryDecision | None = None,
-                error: tuple[str, str] | None = None) -> bool:
+                error: tuple[str, str] | None = None, *, crashed: bool = False) -> bool:
         """End this claim, if it still holds the row; True if it did.
 
         Without ``decision`` the handler never started: the row returns to its previous
         status and attempt count, claimable at once. With one, the attempt counts and the
         retry policy's decision says what the row becomes; ``error`` (type, message)
-        records why.
+        records why; ``crashed``: its process died while it ran (counted in ``crashes``).
         """
-        from django.utils import timezone
-
         e = self.execution
         values: dict[str, Any] = {"claim_token": None, "lease_expires_at": None,
                                   "claimed_by": None, "rerun_requested": False,
@@ -590,17 +603,47 @@ class Bridge:
                                 else ExecutionStatus.UNFINISHED.value)
             values["attempts"] = e.c.attempts - 1
         else:
-            values.update(decision.values(timezone.now()))
+            values.update(self.decided(decision))
+        if crashed:
+            values["crashes"] = e.c.crashes + 1
         if error is not None:
             values.update(error_type=error[0], error_message=error[1], error_traceback="")
-        with self.engine.begin() as conn:
-            result = conn.execute(
-                sa.update(e)
-                .where(e.c.id == claim.execution_id, e.c.claim_token == claim.token,
+        held = sa.and_(e.c.id == claim.execution_id, e.c.claim_token == claim.token,
                        e.c.status == WORKING)
-                .values(**values)
-            )
-            return bool(result.rowcount)
+        w = self._recording(claim.worker) if decision is not None and error else None
+        # (The release and the task's record of the attempt commit together.)
+        with self.writing() as conn:
+            began = (conn.execute(sa.select(e.c.started_at, e.c.claimed_by).where(held)).first()
+                     if w is not None else None)
+            released = bool(conn.execute(sa.update(e).where(held).values(**values)).rowcount)
+            if released and w is not None and began is not None:
+                assert decision is not None and error is not None
+                w.on_interrupted(conn, self.source_table(w), claim.source_id, claim.attempt,
+                                 error, not decision.retried, began.started_at,
+                                 began.claimed_by, self.now())
+        if released and w is not None:
+            assert decision is not None
+            w.after_interrupted(claim.source_id, not decision.retried)
+        return released
+
+    def decided(self, decision: RetryDecision) -> dict[str, Any]:
+        """The Execution fields a retry decision writes, its times on the database's
+        clock."""
+        if decision.retried:
+            due: Any = (None if decision.delay is None
+                        else sa.literal_column(self.vendor.now_plus_sql(decision.delay)))
+            return {"status": decision.status.value, "next_attempt_at": due}
+        return {"status": decision.status.value, "next_attempt_at": None,
+                "finished_at": self.now()}
+
+    @staticmethod
+    def _recording(worker: str) -> Worker | None:
+        """The worker, when it keeps its own record of attempts the coordinator ends
+        (task queues keep each attempt's error on their Task row)."""
+        from .registry import registry
+
+        w = registry.get(worker)
+        return w if w is not None and w.records_interruptions else None
 
     def recover_expired(self, worker: Worker) -> int:
         """Make WORKING rows whose lease expired claimable again (their holder is gone),
@@ -608,8 +651,6 @@ class Bridge:
 
         A stale holder that wakes up later cannot commit: its token no longer matches.
         """
-        from django.utils import timezone
-
         e = self.execution
         expired = sa.and_(
             e.c.worker == worker.name, e.c.status == WORKING, e.c.lease_expires_at < self.now()
@@ -619,30 +660,41 @@ class Bridge:
         # Locked in id order, skipping any row a frozen holder still has locked in an open
         # transaction: recovery never waits on a dead process, and two coordinators
         # recovering at once never deadlock.
-        select = self._locked(sa.select(e.c.id, e.c.attempts, source_exists.label("present"))
+        select = self._locked(sa.select(e.c.id, e.c.source_id, e.c.attempts, e.c.started_at,
+                                        e.c.claimed_by, source_exists.label("present"))
                               .where(expired).order_by(e.c.id))
         common = {"claim_token": None, "lease_expires_at": None, "claimed_by": None,
                   "rerun_requested": False, "error_traceback": "", "updated_at": self.now()}
-        now = timezone.now()
         recovered = 0
-        with self.engine.begin() as conn:
+        ended: list[tuple[str, bool]] = []  # (source id, final) recorded by the worker
+        with self.writing() as conn:
             for row in conn.execute(select).all():
                 # (The UPDATE re-checks: where rows are not locked, the holder may have
                 # committed since the SELECT.)
-                recovered += conn.execute(
-                    sa.update(e).where(expired, e.c.id == row.id)
-                    .values(**common, **self._expired_values(worker, row, now))).rowcount or 0
+                values, decision = self._expired_values(worker, row)
+                done = conn.execute(sa.update(e).where(expired, e.c.id == row.id)
+                                    .values(**common, **values)).rowcount or 0
+                if done and decision is not None and worker.records_interruptions:
+                    final = not decision.retried
+                    worker.on_interrupted(conn, self.source_table(worker), row.source_id,
+                                          row.attempts, (values["error_type"],
+                                                         values["error_message"]),
+                                          final, row.started_at, row.claimed_by, self.now())
+                    ended.append((row.source_id, final))
+                recovered += done
+        for source_id, final in ended:
+            worker.after_interrupted(source_id, final)
         return recovered
 
-    def _expired_values(self, worker: Worker, row: Any, now: datetime) -> dict[str, Any]:
+    def _expired_values(self, worker: Worker, row: Any) -> tuple[dict[str, Any], RetryDecision | None]:
         if not row.present:  # its source row was deleted while claimed: none can load it
-            return {"status": ExecutionStatus.FAILED.value, "finished_at": now,
+            return {"status": ExecutionStatus.FAILED.value, "finished_at": self.now(),
                     "error_type": exception_path(worker.source.DoesNotExist),  # type: ignore[attr-defined]
-                    "error_message": "The source row was deleted while it was claimed."}
-        return {**worker.retry_policy.after_interruption(row.attempts, now).values(now),
-                "error_type": "LeaseExpired",
+                    "error_message": "The source row was deleted while it was claimed."}, None
+        decision = worker.retry_policy.after_interruption(row.attempts)
+        return {**self.decided(decision), "error_type": "LeaseExpired",
                 "error_message": "The claim's lease expired before the handler finished "
-                                 "(its process or machine stopped?)"}
+                                 "(its process or machine stopped?)"}, decision
 
     # -- coordinators -------------------------------------------------------------------
     def register_coordinator(self, host: str, namespace: str, pid: int,
@@ -785,7 +837,7 @@ class Bridge:
             return list(conn.exec_driver_sql(sql).all())
 
 
-CLAIM_STRATEGIES: dict[str, Callable[..., list[tuple[int, str, str, int, Any]]]] = {
+CLAIM_STRATEGIES: dict[str, Callable[..., list[tuple[int, str, str, int, Any, int]]]] = {
     "returning": Bridge._claim_returning,
     "lock_then_update": Bridge._claim_lock_then_update,
     "immediate_then_update": Bridge._claim_immediate_then_update,

@@ -82,9 +82,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return errors
 
 
-# A coordinator keeps one connection for LISTEN or the change probe, its loop uses another
-# and the readiness probe (/readyz) a third: with fewer, one of them waits for the pool's
-# timeout (30 s) and then fails.
+# A coordinator keeps one connection for LISTEN (or MariaDB's change wait), one for the
+# change probe where there is no NOTIFY, and its loop uses a third: with fewer, one of them
+# waits for the pool's timeout (30 s) and then fails.
 CONNECTIONS_NEEDED = 3
 
 

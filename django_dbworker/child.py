@@ -201,6 +201,7 @@ def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
     if stop.value or slot[SLOT_REVOKE]:
         slot[SLOT_REVOKE] = 0
         return _skip_all(pending)
+    worker.before_attempts(alias, pending)  # (task queues: task_started, in autocommit)
     if len(pending) == 1:
         return _run_alone(worker, alias, pending, slot, timings)
     take = [pending.popleft() for _ in range(min(GROUP_ROWS, len(pending)))]
@@ -405,8 +406,9 @@ def _lost_claims(alias: str, rows: Sequence[Delivery]) -> frozenset[int]:
     return frozenset(r[0] for r in rows if r[1] not in held)
 
 
-def _per_row(alias: str, items: Sequence[tuple[Delivery, datetime]]) -> Any:
-    """A time that differs per row, in the one UPDATE that writes a group's outcomes.
+def _per_row(alias: str, items: Sequence[tuple[Delivery, float]]) -> Any:
+    """A time that differs per row (given in seconds from now, on the database's clock),
+    in the one UPDATE that writes a group's outcomes.
 
     Raw ``CASE id WHEN .. THEN ..`` (the same on every database) rather than Case/When:
     the ORM resolves a When per row, and for a group of quick rows that cost more than
@@ -415,33 +417,49 @@ def _per_row(alias: str, items: Sequence[tuple[Delivery, datetime]]) -> Any:
     from django.db.models import DateTimeField
     from django.db.models.expressions import RawSQL
 
+    from .vendors import for_connection
+    from .vendors.base import orm_sql
+
+    vendor = for_connection(connections[alias])
     if len(items) == 1:
-        return items[0][1]
-    ops = connections[alias].ops
+        return vendor.now_expression(items[0][1])
     params: list[Any] = []
-    for row, when in items:
-        params += [row[1], ops.adapt_datetimefield_value(when)]
-    whens = " ".join(["WHEN %s THEN %s"] * len(items))
-    return RawSQL(f"CASE {ops.quote_name('id')} {whens} END", params,
+    whens = []
+    for row, seconds in items:
+        params.append(row[1])
+        whens.append(f"WHEN %s THEN {orm_sql(vendor.now_plus_sql(seconds))}")
+    return RawSQL(f"CASE {vendor.qn('id')} {' '.join(whens)} END", params,
                   output_field=DateTimeField())
 
 
 def _write_outcomes(worker: Any, alias: str,
                     items: Sequence[tuple[Delivery, Any, datetime, datetime]]) -> int:
     """One UPDATE for rows with the same outcome, each guarded by its own claim token and
-    given its own start and finish times."""
+    given its own start and finish times: this process measured how long ago they were,
+    the database's clock says when that was."""
+    from django.utils import timezone
+
     from .models import Execution
 
     rows = [row for row, _, _, _ in items]
-    values = outcome_values(items[0][1])
-    values["started_at"] = _per_row(alias, [(row, started) for row, _, started, _ in items])
+    at = timezone.now()
+    values = outcome_values(items[0][1], alias)
+    values["started_at"] = _per_row(alias, [(row, _since(started, at))
+                                            for row, _, started, _ in items])
     if "finished_at" in values:
-        values["finished_at"] = _per_row(alias, [(row, finished) for row, _, _, finished in items])
+        values["finished_at"] = _per_row(alias, [(row, _since(finished, at))
+                                                 for row, _, _, finished in items])
     if worker.rerun_every is not None and "finished_at" in values:  # stale that long after
-        values["next_attempt_at"] = _per_row(alias, [(row, finished + worker.rerun_every)
-                                              for row, _, _, finished in items])
+        every = worker.rerun_every.total_seconds()
+        values["next_attempt_at"] = _per_row(alias, [(row, every + _since(finished, at))
+                                                     for row, _, _, finished in items])
     values = rerun_aware(values, worker)
     return Execution.objects.using(alias).filter(_held_guard(rows)).update(**values)
+
+
+def _since(then: datetime, at: datetime) -> float:
+    """``then`` as seconds from ``at`` (negative: it is past)."""
+    return (then - at).total_seconds()
 
 
 def run(worker: Any, alias: str, row: Delivery, slot: Any,
@@ -508,12 +526,10 @@ def _commit_outcome(worker: Any, alias: str, row: Delivery, source: Any, outcome
     return (DONE, row[0], outcome.status.value)
 
 
-def outcome_values(outcome: Any) -> dict[str, Any]:
-    from django.utils import timezone
-
+def outcome_values(outcome: Any, alias: str) -> dict[str, Any]:
     from .outcomes import Unfinished
 
-    now = timezone.now()
+    now = database_now(alias)
     values: dict[str, Any] = {
         "status": outcome.status.value,
         "claim_token": None,
@@ -522,6 +538,7 @@ def outcome_values(outcome: Any) -> dict[str, Any]:
         "error_message": None,
         "error_traceback": None,
         "rerun_reason": None,
+        "crashes": 0,
         "updated_at": now,
     }
     if isinstance(outcome, Unfinished):
@@ -569,23 +586,49 @@ def record_failure(worker: Any, alias: str, row: Delivery, exc: BaseException,
     from .models import Execution
     from .status import ExecutionStatus
 
-    now = timezone.now()
     with transaction.atomic(using=alias):
         held = Execution.objects.using(alias).held_by(row[1], row[3])
         attempts = held.values_list("attempts", flat=True).first()
         if attempts is None:
             return None
-        decision = worker.retry_policy.after_failure(attempts, now)
+        decision = worker.retry_policy.after_failure(attempts)
         _enter(row)
         worker.on_failure(alias, row[2], exc, final=not decision.retried)
-        values = rerun_aware({"claim_token": None, "lease_expires_at": None, "updated_at": now,
-                              "started_at": started, **failure_fields(exc),
-                              **decision.values(now)}, worker)
+        began = _per_row(alias, [(row, _since(started, timezone.now()))])
+        values = rerun_aware({"claim_token": None, "lease_expires_at": None,
+                              "updated_at": database_now(alias), "started_at": began,
+                              "crashes": 0, **failure_fields(exc),
+                              **decided(alias, decision)}, worker)
         if held.update(**values) != 1:
             return None
         outcome = "retried" if decision.retried else ExecutionStatus.FAILED.value
-        _after_commit(alias, worker, row, outcome, exc, decision.next_attempt_at)
+        _after_commit(alias, worker, row, outcome, exc, decision.delay)
         return outcome
+
+
+def database_now(alias: str) -> Any:
+    """Now on the database's clock, as an ORM expression."""
+    from django.db import connections
+
+    from .vendors import for_connection
+
+    return for_connection(connections[alias]).now_expression()
+
+
+def decided(alias: str, decision: Any) -> dict[str, Any]:
+    """The Execution fields a retry decision writes, its times on the database's clock
+    (what Bridge.decided writes on the coordinator's side)."""
+    from django.db import connections
+
+    from .vendors import for_connection
+
+    if not decision.retried:
+        return {"status": decision.status.value, "next_attempt_at": None,
+                "finished_at": database_now(alias)}
+    due = None
+    if decision.delay is not None:
+        due = for_connection(connections[alias]).now_expression(decision.delay)
+    return {"status": decision.status.value, "next_attempt_at": due}
 
 
 def _timed(timings: dict[int, tuple[float, float]] | None, row: Delivery, started: datetime,
@@ -600,33 +643,33 @@ def _set_outcome(current: Any, outcome: str) -> None:
 
 
 def _after_commit(alias: str, worker: Any, row: Delivery, outcome: str,
-                  exc: BaseException | None, retry_at: datetime | None) -> None:
+                  exc: BaseException | None, retry_in: float | None) -> None:
     """Once the outcome committed (never for a rolled-back group): the log lines and
     signals of this row, in the child."""
     from django.db import transaction
 
-    transaction.on_commit(lambda: _announce(worker, row, outcome, exc, retry_at), using=alias)
+    transaction.on_commit(lambda: _announce(worker, row, outcome, exc, retry_in), using=alias)
 
 
 def _announce(worker: Any, row: Delivery, outcome: str, exc: BaseException | None,
-              retry_at: datetime | None) -> None:
+              retry_in: float | None) -> None:
     from . import signals
 
     details = {"worker": worker.name, "execution_id": row[1], "source_id": row[2],
                "attempt": row[4]}
     if exc is not None:
         total = worker.max_attempts or 1
-        then = (f"retry at {retry_at:%Y-%m-%d %H:%M:%S} UTC" if retry_at is not None
-                else "no retry left: failed")
+        retried = outcome == "retried"
+        then = f"retry in {retry_in or 0:.1f}s" if retried else "no retry left: failed"
         # ERROR when no retry is left (what logging integrations such as Sentry's report
         # as an event by default); WARNING when it will be retried.
-        logger.log(logging.ERROR if retry_at is None else logging.WARNING,
+        logger.log(logging.WARNING if retried else logging.ERROR,
                    "Worker %s: execution %s (source %s) failed on attempt %d of %d: %s; %s",
                    worker.name, row[1], row[2], row[4], total, _describe(exc), then,
                    exc_info=exc)
-        if retry_at is not None:
-            logger.info("Worker %s: execution %s will be retried at %s UTC (attempt %d of %d)",
-                        worker.name, row[1], f"{retry_at:%H:%M:%S}", row[4] + 1, total)
+        if retried:
+            logger.info("Worker %s: execution %s will be retried in %.1fs (attempt %d of %d)",
+                        worker.name, row[1], retry_in or 0, row[4] + 1, total)
     signal = {"retried": signals.execution_retried,
               "failed": signals.execution_failed}.get(outcome, signals.execution_finished)
     signal.send_robust(sender=worker, **details)

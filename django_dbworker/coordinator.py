@@ -16,15 +16,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from . import failpoints, identity
+from . import clock, failpoints, identity
 from .bridge import Bridge
 from .due import DueRows
+from .events import EVENTS
 from .options import Options
 from .outage import DatabaseHealth, wait_for_database
 from .pauses import PausedWorkers
@@ -45,8 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_dbworker.coordinator")
 RELEASE_PATIENCE_SECONDS = 10.0  # at shutdown, for releases the database refused
-STATS = ["claimed", "finished", "unfinished", "failed", "retried", "lost", "crashed",
-         "released"]
+STATS = list(EVENTS)  # the stats line: every event the metrics count, in one order
 
 
 class Coordinator:
@@ -55,7 +54,8 @@ class Coordinator:
     Overrides: ``database``, ``lease_seconds``, ``poll_seconds``, ``max_poll_seconds``,
     ``concurrency`` (an int for all, or {name: int}), ``shutdown_timeout``,
     ``status_interval``, ``wait_for_database`` (seconds set-up waits for a database that
-    does not answer yet), ``schedules`` (False: enqueue no schedule's slots).
+    does not answer yet), ``schedules`` (False: enqueue no schedule's slots),
+    ``metrics_port`` and ``metrics_host`` (serve /metrics, /healthz and /readyz there).
     """
 
     def __init__(self, workers: Iterable[str] | None = None, **overrides: Any) -> None:
@@ -164,9 +164,9 @@ class Coordinator:
         self.pools = [Pool(w, self.settings.concurrency[w.name], self._spawner(w, databases))
                       for w in self.workers]
         self.wakeups = Wakeups([w.name for w in self.workers], self.settings, self.health)
-        self.watchman = Watchman(bridge, self.workers, self.host, identity.namespace(),
-                                 self.stats, self.wakeups.wake)
         self.events = PoolEvents(self.stats, self.releases, self.wakeups)
+        self.watchman = Watchman(bridge, self.workers, self.host, identity.namespace(),
+                                 self.events.count, self.wakeups.wake)
         self.due = DueRows(bridge, self.health, self.workers, self.settings.poll_seconds)
         self.paused = PausedWorkers(bridge, self.wakeups)
         try:
@@ -180,7 +180,7 @@ class Coordinator:
             self.wakeups.listen(bridge)
             self.paused.refresh()
             if self.settings.metrics_port is not None:
-                self._serve_probes(self.settings.metrics_port)
+                self._serve_probes(self.settings.metrics_port, self.settings.metrics_host)
         except BaseException:
             # (e.g. the metrics port is taken) nothing made so far outlives the error:
             # the children, the doorbell, the LISTEN connection, this coordinator's record
@@ -198,18 +198,21 @@ class Coordinator:
             return ChildProcess(worker, databases, self.settings.database, self._stop_flag)
         return spawn
 
-    def _serve_probes(self, port: int) -> None:
-        from .metrics import Metrics
+    def _serve_probes(self, port: int, host: str) -> None:
+        from .metrics import Backlog, Metrics
         from .probes import ProbeServer
 
-        assert self.bridge is not None
-        bridge = self.bridge
-        self.metrics = Metrics(self.workers, lambda: bridge.backlog(self.workers),
-                               lambda: {p.worker.name: len(p.busy) for p in self.pools})
-        self.events.metrics = self.metrics
-        self.probes = ProbeServer(port, self.metrics.registry, self.probe_state)
+        # The backlog gauges are read by the probe server's thread through a Bridge of
+        # their own: a scrape takes none of the loop's time or connections.
+        backlog = Backlog.on_own_connection(self.settings.database, self.settings.lease_seconds,
+                                            self.workers)
+        metrics = Metrics(self.workers, backlog,
+                          lambda: {p.worker.name: len(p.busy) for p in self.pools})
+        self.probes = ProbeServer(port, metrics.registry, self.probe_state, host, backlog)
+        self.metrics = self.events.metrics = metrics
         self.probes.start()
-        logger.info("Serving /metrics, /healthz and /readyz on port %d", self.probes.port)
+        logger.info("Serving /metrics, /healthz and /readyz on %s port %d", host,
+                    self.probes.port)
 
     def probe_state(self) -> dict[str, Any]:
         """What /healthz and /readyz answer from (read from the probes' thread)."""
@@ -332,6 +335,7 @@ class Coordinator:
                 claims = self.health.call(self.bridge.claim, pool.worker, free, self.identity)
                 if claims is None:
                     return  # the database failed: the outage (or wait) is under way
+                self.due.claimed(pool.worker, bool(claims))
                 if claims:
                     failpoints.reached("coordinator.after_claim")
                     self.events.count(pool.worker.name, "claimed", len(claims))
@@ -356,8 +360,10 @@ class Coordinator:
                              if p.free_slots(now) > 0)
             deadlines.extend(self.due.deadlines())
             slot = self.scheduler.due_at() if self.scheduler else None
-            if slot is not None:  # (wall clock, for cron times; the loop waits in monotonic)
-                deadlines.append(now + max((slot - datetime.now(UTC)).total_seconds(), 0.0))
+            if slot is not None:  # (the database's clock, for cron times; the loop waits in
+                # monotonic time, and must not query here: an outage reaches this line too)
+                wait = (slot - clock.estimate(self.settings.database)).total_seconds()
+                deadlines.append(now + max(wait, 0.0))
         health = self.health.deadline()
         if health is not None:
             deadlines.append(health)

@@ -4,6 +4,9 @@ Asks the same questions a claim asks, one at a time and in words: is there an ex
 what status, a live lease held by whom, a due time still ahead, a paused worker, the
 ``eligible`` filter (and each of its conditions, ``has_execution_status`` dependencies
 among them), and whether any live coordinator runs the worker.
+
+Most findings are about the source row (whether it exists, which conditions it meets), so
+the admin's page shows them only to users who may view the source model (admin.py).
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Exists
 from django.db.models.sql.where import WhereNode
-from django.utils import timezone
 
-from . import conf
+from . import clock, conf
 from .models import CoordinatorHeartbeat, Execution, WorkerPause
 from .registry import Worker, registry
 from .status import ExecutionStatus
@@ -29,6 +32,24 @@ class Finding:
     detail: str
 
 
+class InvalidKey(ValueError):
+    """A key (from a URL) that no row of the worker's source model can have."""
+
+
+def parse_key(w: Worker, text: str) -> Any:
+    """``text`` as a primary key of ``w``'s source model, ready for ``diagnose()``; raises
+    InvalidKey when it cannot be one (not a number for an integer key, not a UUID),
+    rather than let the query fail."""
+    from .api import source_key
+
+    try:
+        pk = w.pk_field.to_python(text)
+        source_key(w, pk)  # the database's own preparation of the key
+    except (ValidationError, ValueError, TypeError, OverflowError):
+        raise InvalidKey(f"{text!r} is not a key of {w.source._meta.verbose_name}.") from None
+    return pk
+
+
 def diagnose(worker: str, source: Any) -> list[Finding]:
     from .api import source_key
 
@@ -36,7 +57,7 @@ def diagnose(worker: str, source: Any) -> list[Finding]:
     database = conf.value("DATABASE")
     key = source_key(w, source)
     pk = w.pk_field.to_python(getattr(source, "pk", source))
-    now = timezone.now()
+    now = clock.now(database)
     findings: list[Finding] = []
     execution = Execution.objects.using(database).filter(worker=w.name, source_id=key).first()
     if execution is None:
@@ -76,6 +97,9 @@ def _status(e: Execution, now: Any) -> Finding:
         return Finding("status", live, f"Working: claimed by {e.claimed_by}, lease "
                        + (f"until {e.lease_expires_at:%H:%M:%S} UTC (renewed while it runs)." if live
                           else "expired: the next coordinator recovers it."))
+    if status not in ExecutionStatus:
+        return Finding("status", True, f"Status {status!r} is none this version knows (written "
+                       "by hand, or by a newer version): no claim takes it.")
     return Finding("status", False, f"{status.title()}: claimable"
                    + (f" (attempt {e.attempts + 1})" if e.attempts else "") + ".")
 

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from .outage import DatabaseHealth
 
 
+# While a worker's claims keep finding rows, no claim comes back empty to look for rows
+# that became due meanwhile (a retry after its back-off, a task's run_after): look for
+# them this often then, so a due row never waits for the backlog to drain.
+LOOK_SECONDS = 1.0
+
+
 class DueRows:
     def __init__(self, bridge: Bridge, health: DatabaseHealth, workers: Iterable[Worker],
                  poll_seconds: float) -> None:
@@ -25,6 +31,16 @@ class DueRows:
         # Monotonic time each worker's first waiting row is due (None: none waits). Each
         # worker starts by looking.
         self._due: dict[str, float | None] = {w.name: 0.0 for w in workers}
+        self._looked: dict[str, float] = {}  # when each worker last looked
+        self._busy: set[str] = set()  # workers whose last claim found rows
+
+    def claimed(self, worker: Worker, found: bool) -> None:
+        """A claim of ``worker`` found rows (or none: then it looks at once, see
+        promote)."""
+        if found:
+            self._busy.add(worker.name)
+        else:
+            self._busy.discard(worker.name)
 
     def promote(self, worker: Worker, now: float) -> bool:
         """Make the worker's rows whose due time came claimable, and learn when the next
@@ -34,6 +50,7 @@ class DueRows:
         if due is None or due <= now:
             promoted = self.health.call(self.bridge.promote_due, worker) or 0
         seconds = self.health.call(self.bridge.seconds_until_due, worker)
+        self._looked[worker.name] = now
         if seconds is None:
             self._due[worker.name] = None  # none waits (or the database failed: next claim)
         else:
@@ -42,10 +59,18 @@ class DueRows:
         return promoted > 0
 
     def promote_due(self, workers: Iterable[Worker], now: float) -> list[str]:
-        """Promote for the workers whose next row is due by now; the names that got rows."""
-        return [w.name for w in workers
-                if (due := self._due.get(w.name)) is not None and due <= now
-                and self.promote(w, now)]
+        """Promote for the workers whose next row is due by now, and look again for busy
+        workers that knew of none; the names that got rows."""
+        return [w.name for w in workers if self._should_look(w.name, now) and self.promote(w, now)]
+
+    def _should_look(self, worker: str, now: float) -> bool:
+        # A busy worker looks even when it knows a later due time: a retry written since
+        # (by a child, due in a second) may come before it.
+        due = self._due.get(worker)
+        return ((due is not None and due <= now)
+                or (worker in self._busy and now - self._looked.get(worker, 0.0) >= LOOK_SECONDS))
 
     def deadlines(self) -> list[float]:
-        return [d for d in self._due.values() if d is not None]
+        deadlines = [d for d in self._due.values() if d is not None]
+        deadlines += [self._looked.get(w, 0.0) + LOOK_SECONDS for w in self._busy]
+        return deadlines

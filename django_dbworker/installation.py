@@ -6,6 +6,10 @@ drops history of rows that were removed while no trigger watched (or by TRUNCATE
 
 Every trigger this app creates is recorded in ``InstalledTrigger``; only those are ever
 dropped, so a trigger of yours is never touched, whatever it is called.
+
+Names reach SQL quoted by the vendor (``Vendor.quote_name``), never pasted: a table or
+column may hold quotes, and a queue's worker name holds whatever QUEUES says. The
+statements run here take worker names as bound parameters.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from . import conf
 from .models import Execution, InstalledTrigger
 from .registry import Worker, registry
 from .status import ExecutionStatus
-from .vendors import EXECUTION_TABLE, TriggerSource, UnsupportedDatabase, Vendor, for_connection
+from .vendors import (
+    EXECUTION_TABLE,
+    Bound,
+    TriggerSource,
+    UnsupportedDatabase,
+    Vendor,
+    for_connection,
+)
 
 logger = logging.getLogger("django_dbworker.installation")
 
@@ -124,11 +135,11 @@ def install(using: str, workers: Iterable[Worker] | None = None,
                     new = before.get(name) != source.table
                     report(f"{'installed' if new else 'kept'} trigger {name} on {source.table} "
                            f"(worker {label})", level=1 if new else 2)
-                cursor.execute(backfill_sql(vendor, source))
+                cursor.execute(*backfill_sql(vendor, source))
                 if cursor.rowcount and cursor.rowcount > 0:
                     report(f"{cursor.rowcount} existing rows of {w.source._meta.label} are now "
                            f"pending for worker {label}")
-            cursor.execute(cleanup_sql(vendor, w))
+            cursor.execute(*cleanup_sql(vendor, w))
             _reconcile_rerun_every(vendor, w)
     if everything:
         _report_removed_workers(using, {w.name for w in registry.values()}, report)
@@ -157,8 +168,10 @@ def _reconcile_rerun_every(vendor: Vendor, w: Worker) -> None:
         return
     from django.db.models.expressions import RawSQL
 
-    due = RawSQL(vendor.plus_seconds_sql(vendor.qn("finished_at"),
-                                         w.rerun_every.total_seconds()), [])
+    from .vendors.base import orm_sql
+
+    due = RawSQL(orm_sql(vendor.plus_seconds_sql(vendor.qn("finished_at"),
+                                                 w.rerun_every.total_seconds())), [])
     finished.filter(next_attempt_at__isnull=True, finished_at__isnull=False).update(
         next_attempt_at=due)
 
@@ -174,23 +187,26 @@ def _report_removed_workers(using: str, registered: set[str], report: Report) ->
                "delete them with `manage.py dbworker_cleanup` (see --dry-run)")
 
 
-def backfill_sql(vendor: Vendor, source: TriggerSource) -> str:
-    qn = vendor.qn
+def backfill_sql(vendor: Vendor, source: TriggerSource) -> tuple[str, list[Any]]:
+    """A pending Execution for each row of ``source`` that has none (sql, params)."""
+    qn, bound = vendor.qn, Bound()
     ex = qn(EXECUTION_TABLE)
     key = vendor.text_key_sql(f"s.{qn(source.pk_column)}")
     select = (
-        f"SELECT {vendor.pending_row_values(source, 's')} FROM {qn(source.table)} s "
-        f"WHERE NOT EXISTS (SELECT 1 FROM {ex} e WHERE e.worker = {source.worker('s')} "
+        f"SELECT {vendor.pending_row_values(source, 's', bound)} FROM {qn(source.table)} s "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {ex} e WHERE e.worker = {source.worker('s', bound)} "
         f"AND e.source_id = {key})"
     )
-    return vendor.insert_ignore(EXECUTION_TABLE, vendor.EXECUTION_COLUMNS, select)
+    return bound.statement(vendor.insert_ignore(EXECUTION_TABLE, vendor.EXECUTION_COLUMNS,
+                                                select))
 
 
-def cleanup_sql(vendor: Vendor, w: Worker) -> str:
-    qn = vendor.qn
+def cleanup_sql(vendor: Vendor, w: Worker) -> tuple[str, list[Any]]:
+    """Delete ``w``'s history of rows that no longer exist, except a held one (sql, params)."""
+    qn, bound = vendor.qn, Bound()
     ex = qn(EXECUTION_TABLE)
     key = vendor.key_from_text_sql(w.pk_field, f"{ex}.source_id")
-    return (
-        f"DELETE FROM {ex} WHERE worker = '{w.name}' AND status <> 'working' "
+    return bound.statement(
+        f"DELETE FROM {ex} WHERE worker = {bound(w.name)} AND status <> 'working' "
         f"AND NOT EXISTS (SELECT 1 FROM {qn(w.table)} s WHERE s.{qn(w.pk_column)} = {key})"
     )

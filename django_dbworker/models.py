@@ -45,7 +45,7 @@ class ExecutionQuerySet(models.QuerySet["Execution"]):
     def _fresh_start() -> dict[str, Any]:
         now = timezone.now()
         return {"status": ExecutionStatus.UNFINISHED, "claim_token": None,
-                "lease_expires_at": None, "next_attempt_at": None, "attempts": 0,
+                "lease_expires_at": None, "next_attempt_at": None, "attempts": 0, "crashes": 0,
                 "error_type": None, "error_message": None, "error_traceback": None,
                 "finished_at": None, "claimed_by": None, "rerun_requested": False,
                 "rerun_reason": None, "ready_at": now, "updated_at": now}
@@ -101,6 +101,11 @@ class Execution(models.Model):
     claim_token = models.CharField(max_length=32, null=True, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Times in a row the row's process died while its handler ran (a child killed by a
+    # signal, an os._exit): at max_crashes it ends FAILED, so a row that kills its child
+    # every time is quarantined instead of retried at the head of the line. Any outcome a
+    # handler commits sets it back to 0.
+    crashes = models.PositiveIntegerField(default=0, db_default=0)
     # Set while a failed attempt waits for its retry (max_attempts); claims skip the row
     # until then.
     next_attempt_at = models.DateTimeField(null=True, blank=True)

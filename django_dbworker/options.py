@@ -29,7 +29,12 @@ SECONDS = {
     "status_interval": (None, 60.0, False),
     "wait_for_database": (None, WAIT_FOR_DATABASE_SECONDS, True),
 }
-KNOWN = {"database", "concurrency", "shutdown_timeout", "schedules", "metrics_port", *SECONDS}
+# Where /metrics, /healthz and /readyz listen: every interface, because Prometheus and
+# Kubernetes' probes connect from outside the process's host or pod. They only read (counts
+# and liveness: no row data, no action); where nothing outside needs them, bind 127.0.0.1.
+METRICS_HOST = "0.0.0.0"
+KNOWN = {"database", "concurrency", "shutdown_timeout", "schedules", "metrics_port",
+         "metrics_host", *SECONDS}
 
 
 def seconds(name: str, value: Any, *, zero: bool = False) -> float:
@@ -62,6 +67,7 @@ class Options:
     concurrency: dict[str, int] = field(default_factory=dict)
     schedules: bool = True  # enqueue the slots of schedules (runworkers --no-schedules)
     metrics_port: int | None = None  # serve /metrics, /healthz, /readyz there
+    metrics_host: str = METRICS_HOST  # on this address
 
     @classmethod
     def build(cls, workers: Iterable[Any], overrides: Mapping[str, Any]) -> Options:
@@ -90,6 +96,7 @@ class Options:
             concurrency=_concurrency(workers, overrides.get("concurrency")),
             schedules=bool(overrides.get("schedules", True)),
             metrics_port=_port(overrides.get("metrics_port")),
+            metrics_host=_host(overrides.get("metrics_host")),
             **values,
         )
 
@@ -115,4 +122,14 @@ def _port(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
         raise ImproperlyConfigured(f"metrics_port must be a TCP port (0-65535; 0 picks a free "
                                    f"one), got {value!r}.")
+    return value
+
+
+def _host(value: Any) -> str:
+    if value is None:
+        return METRICS_HOST
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        raise ImproperlyConfigured(f"metrics_host must be an address or host name to listen on "
+                                   f"(0.0.0.0 for every interface, 127.0.0.1 for this machine "
+                                   f"only), got {value!r}.")
     return value

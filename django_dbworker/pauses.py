@@ -13,9 +13,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, connections, transaction
-from django.utils import timezone
 
-from . import conf
+from . import clock, conf
 from .models import WorkerPause
 from .registry import registry
 from .vendors import PAUSE_NOTICE, for_connection
@@ -31,10 +30,10 @@ logger = logging.getLogger("django_dbworker.coordinator")
 def _tell_coordinators(database: str) -> None:
     """On PostgreSQL, wake every coordinator to look at the pauses (at commit)."""
     connection = connections[database]
-    sql = for_connection(connection).notify_sql(PAUSE_NOTICE)
-    if sql:
+    statement = for_connection(connection).notify_sql(PAUSE_NOTICE)
+    if statement:
         with connection.cursor() as cursor:
-            cursor.execute(sql)
+            cursor.execute(*statement)
 
 
 def pause(worker: str, by: str = "", reason: str = "") -> bool:
@@ -44,7 +43,7 @@ def pause(worker: str, by: str = "", reason: str = "") -> bool:
     try:
         with transaction.atomic(using=database):
             WorkerPause.objects.using(database).create(
-                worker=name, paused_by=by[:255], reason=reason, paused_at=timezone.now())
+                worker=name, paused_by=by[:255], reason=reason, paused_at=clock.now(database))
             _tell_coordinators(database)
     except IntegrityError:
         return False

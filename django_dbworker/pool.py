@@ -44,6 +44,7 @@ class ChildProcess:
 
     def __init__(self, worker: Worker, databases: dict[str, str], alias: str,
                  stop: Any) -> None:
+        from . import main_guard
         from .child import child_main
 
         parent_end, child_end = SPAWN.Pipe()
@@ -54,7 +55,7 @@ class ChildProcess:
                   stop, logging.getLogger("django_dbworker").getEffectiveLevel()),
             name=f"dbworker-{worker.name}",
         )
-        self.process.start()
+        main_guard.start(self.process, worker.handler_path)  # not an unguarded __main__
         child_end.close()
         self.conn: Connection = parent_end
         self.spawned_at = time.monotonic()

@@ -12,8 +12,6 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from django.utils import timezone
-
 from . import protocol
 from .pool import Died, Event, Pool, Reported, TimedOut
 from .registry import Worker
@@ -53,15 +51,13 @@ class PoolEvents:
             elif isinstance(event, Died):
                 self.count(name, "crashed")
                 if event.running is not None:
-                    self.interrupted(pool.worker, event.running, (
-                        "ChildDied", f"The child process died ({event.exit}) while running "
-                                     "the handler."))
+                    self.crashed(pool.worker, event.running, event.exit)
                 for claim in event.others:
                     self.give_back(claim, name)
                 self.wakeups.wake(name)
             elif isinstance(event, TimedOut):
                 claim = event.claim
-                decision = pool.worker.retry_policy.after_failure(claim.attempt, timezone.now())
+                decision = pool.worker.retry_policy.after_failure(claim.attempt)
                 self.count_failure(name, decision)
                 self.releases.add(claim, decision, (
                     "TimeoutError",
@@ -86,21 +82,55 @@ class PoolEvents:
             self.count(worker.name, "interrupted")
             logger.warning("Worker %s: database error during execution %s (%s); "
                            "releasing it", worker.name, claim.execution_id, detail)
-            self.interrupted(worker, claim, ("Interrupted", f"The database failed while "
-                                                            f"the handler ran: {detail}"))
+            self.interrupted(worker, claim, str(detail))
 
     def give_back(self, claim: protocol.Claim, worker: str) -> None:
         """A row whose handler never started (or never reached a commit): as it was."""
         self.count(worker, "released")
         self.releases.add(claim)
 
-    def interrupted(self, worker: Worker, claim: protocol.Claim,
-                    error: tuple[str, str]) -> None:
-        """An attempt cut short from outside: it counts, and the retry policy decides."""
+    def interrupted(self, worker: Worker, claim: protocol.Claim, detail: str) -> None:
+        """The database failed under a running handler (its connection broke). An outage
+        is no fault of the row's: it is claimable again at once (with max_attempts, the
+        attempt counts). But it counts as a crash in a row: a handler that breaks its own
+        connection every time ends FAILED at max_crashes instead of looping."""
         self.count(worker.name, "released")
-        decision = worker.retry_policy.after_interruption(claim.attempt, timezone.now())
+        crashes = claim.crashes + 1
+        decision = worker.retry_policy.after_interruption(claim.attempt, crashes)
         self.count_failure(worker.name, decision)
-        self.releases.add(claim, decision, error)
+        if decision.retried or crashes < worker.max_crashes:
+            error = ("Interrupted", f"The database failed while the handler ran: {detail}")
+        else:
+            error = ("Interrupted", f"The database connection broke while the handler ran, "
+                                    f"{crashes} times in a row (last: {detail}); it is not "
+                                    f"retried again (max_crashes={worker.max_crashes}). Fix "
+                                    "the handler, then reset the row.")
+        self.releases.add(claim, decision, error, crashed=True)
+
+    def crashed(self, worker: Worker, claim: protocol.Claim, exit: str) -> None:
+        """The row's child died while its handler ran: one more crash in a row, and the
+        retry policy decides (a back-off, so the rows behind it run meanwhile; FAILED at
+        max_crashes)."""
+        self.count(worker.name, "released")
+        crashes = claim.crashes + 1
+        decision = worker.retry_policy.after_crash(claim.attempt, crashes)
+        self.count_failure(worker.name, decision)
+        if decision.retried:
+            error = ("ChildDied", f"The child process died ({exit}) while running the "
+                                  f"handler (crash {crashes} of at most {worker.max_crashes} "
+                                  "in a row).")
+        elif crashes < worker.max_crashes:  # (max_attempts ended it, not the crashes)
+            error = ("ChildDied", f"The child process died ({exit}) while running the "
+                                  f"handler, in its last attempt (max_attempts="
+                                  f"{worker.max_attempts}).")
+        else:
+            error = ("ChildDied", f"The handler crashed its process {crashes} times in a row "
+                                  f"(last: {exit}); it is not retried again (max_crashes="
+                                  f"{worker.max_crashes}). Fix the handler, then reset the row.")
+            logger.error("Worker %s: execution %s crashed its process %d times in a row; it "
+                         "is FAILED (reset it once the handler is fixed)", worker.name,
+                         claim.execution_id, crashes)
+        self.releases.add(claim, decision, error, crashed=True)
 
     def count_failure(self, worker: str, decision: RetryDecision) -> None:
         """A failed attempt is counted as retried, or failed when no retry is left."""

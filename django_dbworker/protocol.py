@@ -49,6 +49,8 @@ class Claim:
     previous_status: str
     attempt: int  # this claim's attempt number (attempts after the claim)
     ready_at: float | None = None  # when the row became claimable (time.time() scale)
+    crashes: int = 0  # times in a row its process died while it ran, before this claim
+    worker: str = ""  # the worker's name
 
     def delivery(self, seq: int) -> Delivery:
         return (seq, self.execution_id, self.source_id, self.token, self.attempt)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from collections.abc import Callable, Iterable
 
 from .bridge import Bridge
@@ -22,12 +21,12 @@ logger = logging.getLogger("django_dbworker.coordinator")
 
 class Watchman:
     def __init__(self, bridge: Bridge, workers: Iterable[Worker], host: str, namespace: str,
-                 stats: Counter[str], wake: Callable[[str], None]) -> None:
+                 count: Callable[[str, str, int], None], wake: Callable[[str], None]) -> None:
         self.bridge = bridge
         self.workers = list(workers)
         self.host = host
         self.namespace = namespace
-        self.stats = stats
+        self.count = count  # (worker, event, n): the stats line and the metrics
         self.wake = wake
 
     def run(self, coordinator_id: int | None) -> None:
@@ -40,7 +39,7 @@ class Watchman:
         for w in self.workers:
             recovered = self.bridge.recover_expired(w)
             if recovered:
-                self.stats["recovered"] += recovered
+                self.count(w.name, "recovered", recovered)
                 logger.warning("Worker %s: %d claim(s) had expired leases (their holder "
                                "stopped renewing them); they are claimable again", w.name,
                                recovered)

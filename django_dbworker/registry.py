@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
-from .retry import RetryPolicy
+from .retry import MAX_CRASHES, RetryPolicy
 
 if TYPE_CHECKING:
     from .vendors import TriggerSource
@@ -34,6 +34,7 @@ def _whole(v: Any) -> bool:
 OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     # name: (check, what a valid value is)
     "max_attempts": (_whole, "an int >= 1 (or None)"),
+    "max_crashes": (lambda v: v is not None and _whole(v), "an int >= 1"),
     "retry_backoff": (lambda v: _number(v, minimum=0, strict=False), "a number of seconds >= 0"),
     "timeout": (lambda v: v is None or _number(v, minimum=0, strict=True),
                 "a number of seconds > 0 (or None)"),
@@ -60,6 +61,7 @@ class Worker:
     concurrency: int = 1
     max_attempts: int | None = None  # None: a failure is final until reset_failed()
     retry_backoff: float = 10.0  # seconds before the first retry; doubles per attempt
+    max_crashes: int = MAX_CRASHES  # the row's process died this often in a row: FAILED
     timeout: float | None = None
     max_tasks_per_child: int | None = None
     rerun_on: tuple[str, ...] = ()  # field names: a change makes a done row pending again
@@ -75,6 +77,26 @@ class Worker:
         """Called in the child, inside the transaction that records a failed attempt
         (task queues keep the error on their own row); ``final``: no retry follows."""
 
+    # Whether on_interrupted() keeps a record of its own (task queues): the coordinator
+    # then reads what it needs for it (when the attempt began, who held it).
+    records_interruptions = False
+
+    def on_interrupted(self, conn: Any, source_table: Any, source_id: str, attempt: int,
+                       error: tuple[str, str], final: bool, began: Any, claimer: str | None,
+                       now: Any) -> None:
+        """Called in the coordinator, inside the transaction (a SQLAlchemy ``conn``) that
+        records an attempt the coordinator ended: past its timeout, its child dead, its
+        lease expired. ``error`` is (type, message); ``final``: no retry follows;
+        ``began``: when it was claimed; ``claimer``: who held it; ``now``: the database's
+        clock (an SQL expression)."""
+
+    def after_interrupted(self, source_id: str, final: bool) -> None:
+        """Called in the coordinator once such a record committed."""
+
+    def before_attempts(self, alias: str, pending: Any) -> None:
+        """Called in the child before it opens the transaction of the next rows it runs
+        (the front of ``pending``, its deliveries), with no transaction open."""
+
     def before_outcomes(self, alias: str, sources: list[Any]) -> None:
         """Called in the child once its handlers returned, in their transaction, just
         before their outcomes are written, with the source rows they returned for (task
@@ -87,13 +109,13 @@ class Worker:
         meta = self.source._meta
         return TriggerSource(
             base=self.name, table=self.table, pk_column=self.pk_column, pk_field=self.pk_field,
-            worker=lambda row: f"'{self.name}'",
+            worker=lambda row, constant: constant(self.name),
             rerun_on=tuple(str(meta.get_field(f).column)  # type: ignore[union-attr]
                            for f in self.rerun_on))
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(self.max_attempts, self.retry_backoff)
+        return RetryPolicy(self.max_attempts, self.retry_backoff, self.max_crashes)
 
     @property
     def handler_path(self) -> str:
@@ -296,7 +318,8 @@ def worker(
     """Register the decorated function as the handler for rows of ``source``.
 
     Returns the function unchanged. Options: ``max_attempts`` (retry failures with
-    exponential back-off), ``retry_backoff`` (first delay in seconds), ``timeout``
+    exponential back-off), ``retry_backoff`` (first delay in seconds), ``max_crashes``
+    (a row whose process dies this many times in a row ends FAILED; default 3), ``timeout``
     (seconds; the child is killed past it), ``max_tasks_per_child`` (recycle children).
     """
     # Check the arguments now, so a bad registration fails even before decoration.

@@ -23,6 +23,7 @@ class Release:
     claim: Claim
     decision: RetryDecision | None = None  # None: never started, the attempt is undone
     error: tuple[str, str] | None = None  # (error type, message) to record
+    crashed: bool = False  # its process died while it ran
 
 
 class ReleaseQueue:
@@ -38,9 +39,9 @@ class ReleaseQueue:
         return [r.claim for r in self._pending]
 
     def add(self, claim: Claim, decision: RetryDecision | None = None,
-            error: tuple[str, str] | None = None) -> None:
+            error: tuple[str, str] | None = None, *, crashed: bool = False) -> None:
         """Give a held row back now, or as soon as the database takes it."""
-        self._pending.append(Release(claim, decision, error))
+        self._pending.append(Release(claim, decision, error, crashed))
         if self.health.down_since is None:  # in an outage only the probe calls
             self.flush()
 
@@ -51,7 +52,8 @@ class ReleaseQueue:
         while self._pending:
             release = self._pending[0]
             try:
-                self.bridge.release(release.claim, release.decision, release.error)
+                self.bridge.release(release.claim, release.decision, release.error,
+                                    crashed=release.crashed)
             except DATABASE_ERRORS as exc:
                 self.health.failed(exc)
                 if time.monotonic() >= deadline:

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from . import conf, failpoints
+from . import clock, conf, failpoints
 
 logger = logging.getLogger("django_dbworker.schedules")
 CATCH_UP = ("latest", "all", "skip")
@@ -177,12 +177,13 @@ def validate(schedule: Schedule, check_task: bool = False) -> str | None:
         except ImportError as exc:
             return (f"{where}: task {schedule.task_path!r} cannot be imported ({exc}); give "
                     "the dotted path of a @task function.")
-        from .tasks.queues import BACKEND
+        from .tasks.queues import BACKEND, is_database_backend
 
         backend = getattr(task, "get_backend", None)
         if backend is None:
             return f"{where}: {schedule.task_path!r} is not a task: decorate it with @task()."
-        if getattr(settings, "TASKS", {}).get(task.backend, {}).get("BACKEND") != BACKEND:
+        if not is_database_backend(getattr(settings, "TASKS", {}).get(task.backend, {})
+                                   .get("BACKEND")):
             return (f"{where}: task {schedule.task_path!r} uses the {task.backend!r} backend, "
                     f"which is not {BACKEND}: schedules enqueue on this app's backend.")
     return None
@@ -213,11 +214,12 @@ class Scheduler:
 
         from .models import ScheduleSlot
 
-        now = now or datetime.now(UTC)
-        if self._next is not None and now < self._next:
+        given = now
+        if self._next is not None and (given or clock.estimate(self.database)) < self._next:
             return 0
         # A long-lived process: a connection an outage broke is replaced, not reused.
         connections[self.database].close_if_unusable_or_obsolete()
+        now = given or clock.now(self.database)
         last = dict(ScheduleSlot.objects.using(self.database)
                     .filter(schedule__in=list(self.schedules)).values_list("schedule")
                     .annotate(last=Max("slot")).values_list("schedule", "last"))
@@ -278,7 +280,7 @@ class Scheduler:
                     if not vendor.try_schedule_lock(cursor, schedule.name, self.frozen_after):
                         return None
                 row = ScheduleSlot.objects.using(self.database).create(
-                    schedule=schedule.name, slot=slot)
+                    schedule=schedule.name, slot=slot, enqueued_at=clock.now(self.database))
                 if enqueue:
                     failpoints.reached("scheduler.slot_inserted")
                     result: TaskResult = schedule.task().enqueue(*schedule.args, **schedule.kwargs)

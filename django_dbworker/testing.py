@@ -28,9 +28,9 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
-from django.utils import timezone
 
-from . import conf, protocol
+from . import clock, conf, protocol
+from .child import database_now
 from .registry import Worker, registry
 from .status import ExecutionStatus
 
@@ -66,7 +66,7 @@ def _claimable(worker: Worker, database: str, include_waiting: bool) -> list[Any
         executions = executions.filter(status__in=[ExecutionStatus.PENDING,
                                                    ExecutionStatus.UNFINISHED])
     else:
-        due = executions.filter(waiting_worker=worker.name, next_attempt_at__lte=timezone.now())
+        due = executions.filter(waiting_worker=worker.name, next_attempt_at__lte=clock.now(database))
         due.update(next_attempt_at=None, ready_at=F("next_attempt_at"))
         executions = executions.filter(claimable_worker=worker.name)
     by_key = {e.source_id: e for e in executions.order_by("-priority" if worker.prioritized
@@ -88,8 +88,8 @@ def _run_worker(worker: Worker, database: str, stats: Counter[str], include_wait
     with transaction.atomic(using=database):
         Execution.objects.using(database).filter(pk__in=[e.pk for e in rows]).update(
             status=ExecutionStatus.WORKING, claim_token=token, attempts=F("attempts") + 1,
-            claimed_by=f"test:{os.getpid()}", started_at=timezone.now(),
-            next_attempt_at=None, rerun_requested=False, updated_at=timezone.now())
+            claimed_by=f"test:{os.getpid()}", started_at=database_now(database),
+            next_attempt_at=None, rerun_requested=False, updated_at=database_now(database))
     pending = deque(protocol.Claim(e.pk, e.source_id, token, e.status, e.attempts + 1)
                     .delivery(seq) for seq, e in enumerate(rows, 1))
     slot = [0.0] * protocol.SLOT_SIZE

@@ -63,10 +63,26 @@ BREAKS = [
           ("tests/test_crash.py::test_a_stale_child_that_wakes_after_the_takeover_has_its_"
            "writes_discarded",)),
     Break("notify", "the triggers send no NOTIFY", "django_dbworker/vendors/postgresql.py",
-          "return (f\"PERFORM pg_notify('{NOTIFY_CHANNEL}', w) FROM \"",
+          'return (f"PERFORM pg_notify({self.literal(NOTIFY_CHANNEL)}, w) FROM "',
           'return ("PERFORM 1 FROM "',
           ("tests/test_wakeups.py::test_the_first_row_after_a_long_idle_is_picked_up_at_once",),
           ("postgres",)),
+    Break("quote-names", "names reach SQL through Django's quote_name, which doubles no quote",
+          "django_dbworker/vendors/base.py",
+          "self.qn = self.quote_name", "self.qn = connection.ops.quote_name",
+          ("tests/test_hostile_names.py::test_names_holding_the_identifier_quote_itself_are_"
+           "quoted_too",)),
+    Break("escape-literals", "constants in trigger DDL are pasted between quotes",
+          "django_dbworker/vendors/base.py",
+          '''return "'" + _no_nul(value, "a value").replace("'", "''") + "'"''',
+          '''return "'" + value + "'"''',
+          ("tests/test_hostile_names.py::test_a_hostile_table_and_column_get_triggers_backfill_"
+           "cleanup_and_reruns",)),
+    Break("bind-worker-name", "migrate's clean-up pastes the worker name into its DELETE",
+          "django_dbworker/installation.py",
+          "WHERE worker = {bound(w.name)} AND", "WHERE worker = '{w.name}' AND",
+          ("tests/test_hostile_names.py::test_a_hostile_queue_installed_anyway_deletes_nothing_"
+           "of_another_worker",)),
     Break("change-probe", "idle coordinators never probe for changes",
           "django_dbworker/wakeups.py",
           "        if token[0] != last[0]:\n            self.wake_all()\n",
@@ -191,7 +207,8 @@ BREAKS = [
           # change can land mid-run there, and the flag is not what keeps it.
           ("postgres", "mysql")),
     Break("schedule-transaction", "a schedule's slot commits before its task is enqueued",
-          "django_dbworker/schedules.py", "            with transaction.atomic(using=self.database):",
+          "django_dbworker/schedules.py",
+          "            with transaction.atomic(using=self.database, durable=True):",
           "            with transaction.mark_for_rollback_on_error(using=self.database):",
           ("tests/test_schedules.py::test_coordinators_killed_at_slot_boundaries_enqueue_every_"
            "slot_once",)),
@@ -201,6 +218,48 @@ BREAKS = [
           "if False:",
           ("tests/test_schedules.py::test_a_coordinator_frozen_inside_a_slots_transaction_holds_"
            "up_no_one",), ("postgres", "mysql")),
+    Break("crash-count", "a row whose child dies is claimable again at once, for ever",
+          "django_dbworker/retry.py",
+          "        if crashes >= self.max_crashes:\n            return RetryDecision(ExecutionStatus.FAILED, None)\n"
+          "        if self.max_attempts is not None:\n",
+          "        return RetryDecision(ExecutionStatus.UNFINISHED, None, failed_attempt=False)\n"
+          "        if self.max_attempts is not None:\n",
+          ("tests/test_poison.py::test_a_row_that_kills_its_child_is_quarantined_and_the_rows_"
+           "behind_it_run",)),
+    Break("due-while-busy", "rows that become due wait until the worker's backlog drains",
+          "django_dbworker/due.py",
+          "or (worker in self._busy and now - self._looked.get(worker, 0.0) >= LOOK_SECONDS))",
+          "or False)",
+          ("tests/test_poison.py::test_a_row_that_kills_its_child_is_quarantined_and_the_rows_"
+           "behind_it_run",)),
+    Break("due-while-busy-known", "a busy worker that knows a later due time does not look "
+          "for retries written since", "django_dbworker/due.py",
+          "return ((due is not None and due <= now)\n                or (worker in self._busy",
+          "return ((due <= now) if due is not None\n                else (worker in self._busy",
+          ("tests/test_poison.py::test_a_retry_is_claimed_while_the_backlog_drains_when_a_later_"
+           "row_waits_too",)),
+    Break("one-clock", "a child writes a retry's due time from its host's clock",
+          "django_dbworker/child.py",
+          "due = for_connection(connections[alias]).now_expression(decision.delay)",
+          "due = (__import__('django.utils.timezone').utils.timezone.now()\n"
+          "               + __import__('datetime').timedelta(seconds=decision.delay))",
+          ("tests/test_one_clock.py",), ("postgres", "mysql")),
+    Break("rerun-crashes", "a row re-run by a change keeps the crashes that failed it",
+          "django_dbworker/vendors/base.py",
+          'f"crashes = CASE WHEN {e}status IN ({done}) THEN 0 ELSE {e}crashes END, "',
+          'f"crashes = {e}crashes, "',
+          ("tests/test_reruns.py::test_a_row_failed_by_crashes_whose_data_changed_starts_its_"
+           "crash_count_again",)),
+    Break("cleanup-live", "dbworker_cleanup deletes what a live coordinator serves",
+          "django_dbworker/management/commands/dbworker_cleanup.py",
+          "    return served\n", "    return {}\n",
+          ("tests/test_newcomer.py::test_cleanup_leaves_alone_a_worker_that_a_live_coordinator_"
+           "serves",)),
+    Break("cleanup-history", "dbworker_cleanup deletes finished work, which migrate runs again",
+          "django_dbworker/management/commands/dbworker_cleanup.py",
+          '        statuses = WAITING + (HISTORY if options["include_history"] else [])',
+          "        statuses = WAITING + HISTORY",
+          ("tests/test_newcomer.py::test_cleanup_never_makes_finished_work_run_again",)),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -14,11 +15,11 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dbworker import ExecutionStatus, execution_status, registry
+from django_dbworker import ExecutionStatus, clock, execution_status, registry
 from django_dbworker.admin import format_age
 from django_dbworker.models import CoordinatorHeartbeat, Execution
 from tests.helpers import mark_failed
-from tests.testapp.models import Document, Tag
+from tests.testapp.models import Document, Tag, UuidItem
 
 HOSTILE = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -320,6 +321,57 @@ def test_staff_without_view_permission_is_refused(client: Client,
     assert client.get(DASHBOARD).status_code == 403
 
 
+# -- the "why not running?" page -------------------------------------------------------------
+def why_url(worker: str, key: str) -> str:
+    return reverse("admin:django_dbworker_why", args=[worker, key])
+
+
+@pytest.mark.parametrize("worker,key", [("docs", "abc"), ("docs", "1.5"), ("docs", "_00"),
+                                        ("uuids", "abc")])
+def test_why_page_of_a_key_no_row_can_have_is_a_404(admin_client: Client, worker: str,
+                                                      key: str) -> None:
+    """Not a server error (the test client would re-raise it)."""
+    assert admin_client.get(why_url(worker, key)).status_code == 404
+
+
+def test_why_page_reads_the_key_as_the_database_does(admin_client: Client) -> None:
+    [doc] = make_documents(1)
+    page = admin_client.get(why_url("docs", f"00{doc.pk}"))
+    assert page.status_code == 200
+    assert f"Why is document {doc.pk} not running (docs)?" in page.text
+    assert change_url(docs_executions([doc]).get()) in page.text
+
+
+def test_why_page_needs_the_source_models_view_permission(client: Client,
+                                                          django_user_model: Any) -> None:
+    """The page says whether the row exists and which conditions it meets: facts about a
+    document, which a user who may not view documents must not learn."""
+    [doc] = make_documents(1)
+    item = UuidItem.objects.create()
+    user = django_user_model.objects.create_user("why", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_execution"))
+    client.force_login(user)
+    for url in [why_url("docs", str(doc.pk)), why_url("docs", "404404"), why_url("docs", "abc"),
+                why_url("uuids", str(item.pk))]:
+        assert client.get(url).status_code == 403, url
+    # Documents through their ModelAdmin, UuidItem (no admin here) through its permissions;
+    # the change permission is enough, as on Django's own admin pages.
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_document", "change_uuiditem"]))
+    assert client.get(why_url("docs", str(doc.pk))).status_code == 200
+    assert client.get(why_url("uuids", str(item.pk))).status_code == 200
+    assert client.get(why_url("docs", "abc")).status_code == 404
+
+
+def test_why_page_of_a_row_with_an_unknown_status(admin_client: Client) -> None:
+    [doc] = make_documents(1)
+    docs_executions([doc]).update(status="bogus")  # by hand, or by a newer version
+    page = admin_client.get(why_url("docs", str(doc.pk)))
+    assert page.status_code == 200
+    assert 'data-what="status" data-blocking="yes"' in page.text
+    assert "Status &#x27;bogus&#x27; is none this version knows" in page.text
+
+
 # -- escaping ------------------------------------------------------------------------------
 def test_hostile_text_is_escaped_everywhere(admin_client: Client) -> None:
     [doc] = make_documents(1)
@@ -391,6 +443,8 @@ def test_dashboard_caps_the_finished_count(admin_client: Client, monkeypatch: An
 
 
 def test_dashboard_query_count_is_constant(admin_client: Client) -> None:
+    clock.now(connection.alias)  # (the database's clock, read once a minute: not counted)
+
     def count() -> int:
         with CaptureQueriesContext(connection) as queries:
             response = admin_client.get(DASHBOARD)
@@ -506,3 +560,12 @@ def test_a_row_with_an_unknown_status_renders_on_both_changelists(admin_client: 
     detail = admin_client.get(reverse("admin:django_dbworker_execution_change",
                                       args=[docs_executions(documents[:1]).get().pk]))
     assert detail.status_code == 200 and "Unknown (bogus)" in detail.text
+
+
+def test_an_execution_page_shows_how_often_it_crashed_its_process(admin_client: Client) -> None:
+    executions = docs_executions(make_documents(1))
+    executions.update(status=ExecutionStatus.FAILED, crashes=3, error_type="ChildDied",
+                      error_message="The handler crashed its process 3 times in a row")
+    page = admin_client.get(change_url(executions.get())).text
+    assert re.search(r"Crashes:</label>\s*<div class=\"readonly\">3</div>", page), page
+    assert "crashed its process 3 times in a row" in page

@@ -52,7 +52,9 @@ def test_drains_under_load_never_exit_with_work_left(worker, kind, concurrency):
             Stepper.objects.bulk_create([Stepper(kind=kind, steps=s) for s in steps])
             stats = Coordinator([worker], concurrency=concurrency).drain()
             got = counters()
-            if any(c != s for c, s in got) or stats["claimed"] != sum(steps):
+            # (A row given back unstarted, as rows queued behind a slow handler are under
+            # load, is claimed again: every claim but those ran one step.)
+            if any(c != s for c, s in got) or stats["claimed"] - stats["released"] != sum(steps):
                 bad.append((run, steps, got, dict(stats)))
     assert bad == [], f"{len(bad)} of {REPEATS} drains exited early: {bad[:3]}"
     assert not Execution.objects.filter(worker=worker).exclude(status="finished").exists()

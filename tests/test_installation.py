@@ -27,6 +27,14 @@ def pending(worker):
     return set(Execution.objects.filter(worker=worker, status="pending").values_list("source_id", flat=True))
 
 
+def test_every_migration_leaves_the_claim_indexes_in_place():
+    """The claim indexes are made by SQL of the app's own; SQLite adds a NOT NULL column
+    by copying the table (migration 0007, Execution.crashes), which dropped them."""
+    with connection.cursor() as cursor:
+        present = connection.introspection.get_constraints(cursor, Execution._meta.db_table)
+    assert {"dbworker_claimable", "dbworker_claimable_priority", "dbworker_waiting"} <= set(present)
+
+
 def test_orm_insert_creates_a_pending_execution():
     doc = Document.objects.create()
     assert execution_status("docs", doc) == ExecutionStatus.PENDING

@@ -3,13 +3,13 @@
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.urls import reverse
 
 from django_dbworker import ExecutionStatus
 from django_dbworker.installation import Report, install
-from django_dbworker.models import Execution, InstalledTrigger
+from django_dbworker.models import CoordinatorHeartbeat, Execution, InstalledTrigger
 from django_dbworker.registry import registry
 from django_dbworker.vendors import for_connection
 from tests.helpers import mark_failed
@@ -52,26 +52,70 @@ def test_migrate_reports_the_triggers_it_installs_and_the_rows_it_makes_pending(
 
 def test_migrate_reports_and_cleanup_deletes_a_removed_workers_executions():
     Execution.objects.create(worker="gone_worker", source_id="1", status="pending")
-    Execution.objects.create(worker="gone_worker", source_id="2", status="failed")
+    failed = Execution.objects.create(worker="gone_worker", source_id="2", status="failed")
     held = Execution.objects.create(worker="gone_worker", source_id="3", status="working")
+    done = Execution.objects.create(worker="gone_worker", source_id="4", status="finished")
     out = StringIO()
     install("default", report=Report(verbosity=1, out=out))
-    assert ("3 executions belong to worker gone_worker, which is no longer registered; "
+    assert ("4 executions belong to worker gone_worker, which is no longer registered; "
             "delete them with `manage.py dbworker_cleanup`") in out.getvalue()
 
     dry = StringIO()
     call_command("dbworker_cleanup", "--dry-run", stdout=dry)
-    assert "would delete 2 execution(s) of worker gone_worker" in dry.getvalue()
-    assert Execution.objects.filter(worker="gone_worker").count() == 3  # a dry run deletes nothing
+    # It says exactly what it will do, worker by worker, before anything changes.
+    assert ("worker gone_worker (1 failed, 1 finished, 1 pending, 1 working): deletes 1; keeps "
+            "1 failed, 1 finished, 1 working (history: --include-history deletes it).") in dry.getvalue()
+    assert "Dry run: would delete 1 execution(s); nothing changed." in dry.getvalue()
+    assert Execution.objects.filter(worker="gone_worker").count() == 4  # a dry run deletes nothing
 
-    done = StringIO()
-    call_command("dbworker_cleanup", stdout=done)
-    assert "deleting 2 execution(s) of worker gone_worker" in done.getvalue()
-    # A row a coordinator still holds stays; registered workers' rows are never touched.
+    # Without --no-input it asks; nobody at a terminal says yes: nothing goes.
+    with pytest.raises(CommandError, match="nothing deleted"):
+        call_command("dbworker_cleanup", stdout=StringIO())
+    assert Execution.objects.filter(worker="gone_worker").count() == 4
+
+    text = StringIO()
+    call_command("dbworker_cleanup", "--no-input", stdout=text)
+    assert "Deleted 1 execution(s)." in text.getvalue()
+    # History and a row a coordinator still holds stay; registered workers' rows are never
+    # touched.
+    assert set(Execution.objects.filter(worker="gone_worker")) == {failed, held, done}
+    call_command("dbworker_cleanup", "--no-input", "--include-history", stdout=StringIO())
     assert list(Execution.objects.filter(worker="gone_worker")) == [held]
     doc = Document.objects.create()
-    call_command("dbworker_cleanup", stdout=StringIO())
+    call_command("dbworker_cleanup", "--no-input", stdout=StringIO())
     assert Execution.objects.filter(worker="docs", source_id=str(doc.pk)).exists()
+
+
+def test_cleanup_leaves_alone_a_worker_that_a_live_coordinator_serves():
+    """One process's settings lack a worker that another, running, coordinator serves
+    (a settings file that differs between two processes): its work is not ours to delete."""
+    from django.utils import timezone
+
+    Execution.objects.create(worker="elsewhere", source_id="1", status="pending")
+    CoordinatorHeartbeat.objects.create(host="other-host", pid=4242, workers="docs,elsewhere",
+                                        heartbeat_at=timezone.now())
+    out = StringIO()
+    call_command("dbworker_cleanup", "--no-input", stdout=out)
+    assert ("worker elsewhere (1 pending): not registered here, but live coordinator(s) "
+            "other-host:4242 run it: left alone.") in out.getvalue()
+    assert Execution.objects.filter(worker="elsewhere").count() == 1
+
+
+def test_cleanup_never_makes_finished_work_run_again():
+    """A worker missing from one process's settings, cleaned up there, then registered again
+    and migrated: its finished rows stay finished (before, cleanup deleted them and
+    migrate's backfill made them pending: successful work ran again)."""
+    docs = [Document.objects.create(title=f"done {i}") for i in range(3)]
+    Execution.objects.filter(worker="docs").update(status="finished")
+    w = registry["docs"]
+    registry.unregister("docs")
+    try:
+        call_command("dbworker_cleanup", "--no-input", stdout=StringIO())
+    finally:
+        registry.register(w)
+    install("default", report=Report(verbosity=0))
+    assert set(Execution.objects.filter(worker="docs", source_id__in=[str(d.pk) for d in docs])
+               .values_list("status", flat=True)) == {"finished"}
 
 
 def test_the_mixins_status_column_sorts_by_status(admin_client):

@@ -19,6 +19,7 @@ from django.urls import reverse
 
 from django_dbworker import Coordinator
 from django_dbworker.diagnosis import diagnose
+from django_dbworker.metrics import BACKLOG_MAX_AGE
 from django_dbworker.models import CoordinatorHeartbeat, Execution, WorkerPause
 from django_dbworker.pauses import pause, resume
 from tests.helpers import (
@@ -31,7 +32,7 @@ from tests.helpers import (
     settings_module,
     wait_for,
 )
-from tests.processes import Output
+from tests.processes import Output, process_state
 from tests.testapp.models import Document, SignalSeen, Tag
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,13 +86,16 @@ def test_metrics_count_what_happened_and_the_probes_say_how_it_is():
         assert m[("dbworker_pickup_latency_seconds_count", labels)] == 4
         assert m[("dbworker_pending_rows", labels)] == 0
         waiting = Document.objects.create(uploaded=False)  # pending, not eligible: counted
-        m = samples(get(port, "/metrics")[1])
-        assert m[("dbworker_pending_rows", labels)] == 1
+        # (The backlog gauges are read at most every BACKLOG_MAX_AGE seconds.)
+        m = wait_for(lambda: (found := samples(get(port, "/metrics")[1]))[
+            ("dbworker_pending_rows", labels)] == 1 and found, timeout=BACKLOG_MAX_AGE + 10,
+            interval=0.5)
         assert 0 <= m[("dbworker_oldest_pending_age_seconds", labels)] < 60
         Execution.objects.filter(worker="docs", source_id=str(waiting.pk)).update(
             created_at="2020-01-01T00:00:00Z")  # a row pending for years
-        assert samples(get(port, "/metrics")[1])[
-            ("dbworker_oldest_pending_age_seconds", labels)] > 86400
+        wait_for(lambda: samples(get(port, "/metrics")[1])[
+            ("dbworker_oldest_pending_age_seconds", labels)] > 86400,
+            timeout=BACKLOG_MAX_AGE + 10, interval=0.5)
         health = json.loads(get(port, "/healthz")[1])
         assert health == {"ok": True, "loop_alive": True, "database": True,
                           "children_ready": True, "stopping": False}
@@ -226,6 +230,10 @@ def test_a_frozen_or_killed_coordinator_fails_its_probes_and_dbworker_health():
         wait_for(lambda: probe() == 200 and healthy(), timeout=60)
         os.killpg(proc.pid, signal.SIGSTOP)  # the coordinator and its children
         try:
+            # (A signal stops a process soon, not at once: on a busy machine the probe
+            # server could answer one more probe first.)
+            wait_for(lambda: all(process_state(int(t)) in ("T", None) for t in
+                                 os.listdir(f"/proc/{proc.pid}/task")), timeout=10)
             assert probe() is None
             wait_for(lambda: not healthy(), timeout=15)
             with pytest.raises(CommandError, match="worker docs: no live coordinator runs it"):

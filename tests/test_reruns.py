@@ -84,6 +84,17 @@ def test_a_failed_row_whose_data_changed_runs_again():
     assert effects("rerun_on_change") == {f"{article.pk}:fixed": 1}
 
 
+def test_a_row_failed_by_crashes_whose_data_changed_starts_its_crash_count_again():
+    """A row quarantined after crashing its process comes back with a change like any
+    failed row, and with a fresh crash count: not FAILED again at its next crash."""
+    article = Article.objects.create(title="x")
+    Execution.objects.filter(worker="rerun_on_change", source_id=str(article.pk)).update(
+        status="failed", crashes=3, error_type="ChildDied")
+    Article.objects.filter(pk=article.pk).update(title="fixed")
+    e = execution("rerun_on_change", article)
+    assert (e.status, e.crashes) == ("pending", 0)
+
+
 def change(article_pk: int, by: str, **fields) -> None:
     """Change an article's columns through the ORM or through raw SQL."""
     if by == "orm":

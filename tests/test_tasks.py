@@ -504,3 +504,219 @@ def test_the_claim_plan_reads_the_priority_index_not_the_backlog_or_history():
     else:
         assert "TEMP B-TREE" not in plan
     assert [c.execution_id for c in claims] == expected  # the 32 first, in claim order
+
+
+# -- the backend under a real client: its path, its signals, old rows, its input --------------
+@pytest.mark.parametrize("path", ["django_dbworker.tasks.backend.DatabaseBackend",
+                                  "tests.testapp.backends.SubclassedBackend"])
+def test_the_backend_is_recognised_by_its_class_not_its_path(path):
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_dbworker.registry import registry
+    from django_dbworker.tasks.queues import QueueWorker, is_database_backend, register_queues
+
+    def unregister_queues():
+        for name in [n for n, w in registry.items() if isinstance(w, QueueWorker)]:
+            registry.unregister(name)
+
+    unregister_queues()
+    try:
+        with override_settings(TASKS={**settings.TASKS, "default": {
+                **settings.TASKS["default"], "BACKEND": path}}):
+            register_queues()  # what the app does when it is ready
+            assert {DEFAULT, "tasks.default.emails", "tasks.default.retries"} <= set(registry)
+            backend = task_backends["default"]
+            assert f"{type(backend).__module__}.{type(backend).__qualname__}" == path
+            assert backend.check() == []
+            result = tasks.add.enqueue(20, 22)
+            assert run()["finished"] == 1  # (it was: no worker named tasks.default.default)
+            assert tasks.add.get_result(result.id).return_value == 42
+    finally:
+        unregister_queues()
+        register_queues()  # as tests/settings.py has them
+    assert not is_database_backend("django.tasks.backends.immediate.ImmediateBackend")
+    assert not is_database_backend("tests.testapp.models.Author")  # a class, not ours
+    assert not is_database_backend("no.such.Backend")
+
+
+def _seen(kind):
+    return sorted(SignalSeen.objects.filter(kind=kind).values_list("key", flat=True))
+
+
+def test_task_started_is_committed_before_the_task_runs_and_outlives_a_failure():
+    failing, looking = tasks.fail.enqueue("no"), tasks.sees_its_start.enqueue()
+    run()
+    looking.refresh()
+    # Another connection saw the record of task_started while the task ran...
+    assert looking.status == TaskResultStatus.SUCCESSFUL and looking.return_value is True
+    # ... and a failed task's record of it was not rolled back with the task's writes.
+    assert _seen("started") == sorted([f"{failing.id}:RUNNING", f"{looking.id}:RUNNING"])
+    assert _seen("finished") == sorted([f"{failing.id}:FAILED", f"{looking.id}:SUCCESSFUL"])
+    assert effects("task.fail") == {}
+
+
+def test_a_group_announces_each_task_once_outside_its_transaction(monkeypatch):
+    """A group's rows are announced before its transaction opens; rows the group does not
+    reach (its time is up after each row here) are not announced again."""
+    from collections import deque
+    from multiprocessing.sharedctypes import RawArray, RawValue
+
+    from django_dbworker import child
+    from django_dbworker.registry import registry
+    from tests.helpers import claim
+
+    results = [tasks.add.enqueue(1, 2), tasks.fail.enqueue("in a group"), tasks.nothing.enqueue(3)]
+    monkeypatch.setattr(child, "GROUP_SECONDS", 0.0)
+    pending = deque(c.delivery(c.execution_id) for c in claim(DEFAULT, 3, "test:group"))
+    slot, groups = RawArray("d", child.SLOT_SIZE), 0
+    while pending:
+        child.run_group(registry[DEFAULT], "default", pending, slot, RawValue("b", 0))
+        groups += 1
+    assert groups == 3  # one row each: the others came back to the front, unrun
+    assert _seen("started") == sorted(f"{r.id}:RUNNING" for r in results)
+    for result in results:
+        result.refresh()
+    assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED,
+                                           TaskResultStatus.SUCCESSFUL]
+
+
+def test_a_receiver_that_raises_is_logged_and_the_task_runs(monkeypatch, caplog):
+    from django_dbworker.tasks.compat import task_started
+
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("the monitor is down")
+
+    task_started.connect(broken, dispatch_uid="test-broken")
+    try:
+        result = tasks.add.enqueue(1, 1)
+        _run_in_one_group(1, monkeypatch=monkeypatch)
+    finally:
+        task_started.disconnect(dispatch_uid="test-broken")
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 2
+    assert "A task_started receiver" in caplog.text and "the monitor is down" in caplog.text
+
+
+def test_get_result_of_a_task_that_no_longer_imports_is_the_stored_result():
+    result = tasks.add.enqueue(2, 2)
+    run()
+    Task.objects.filter(pk=result.id).update(task_path="tests.testapp.renamed_module.add")
+    stored = task_backends["default"].get_result(result.id)
+    assert stored.status == TaskResultStatus.SUCCESSFUL and stored.return_value == 4
+    assert stored.task.module_path == "tests.testapp.renamed_module.add"
+    assert stored.args == [2, 2] and stored.attempts == 1
+    with pytest.raises(ImportError, match="cannot be imported"):
+        stored.task.call(2, 2)
+
+
+def test_a_stored_task_path_runs_no_module_code_outside_the_project(capfd):
+    import sys
+
+    if "this" in sys.modules:
+        pytest.skip("something imported the module this already")
+    result = tasks.add.enqueue(1, 2)
+    Task.objects.filter(pk=result.id).update(task_path="this.x")
+    stored = task_backends["default"].get_result(result.id)  # in this process
+    assert stored.status == TaskResultStatus.READY and stored.task.module_path == "this.x"
+    run()  # and in a child
+    failed = task_backends["default"].get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    [error] = failed.errors
+    assert error.exception_class_path == "builtins.ImportError"
+    assert "'this.x' is not in an installed app" in error.traceback
+    assert "this" not in sys.modules and "Zen of Python" not in "".join(capfd.readouterr())
+    assert f"{result.id}:FAILED" in _seen("finished")
+
+
+@pytest.mark.parametrize("argument,error,message", [
+    (float("nan"), ValueError, "must be standard JSON: NaN and Infinity are not"),
+    ({"x": [float("inf")]}, ValueError, "must be standard JSON"),
+    (-float("inf"), ValueError, "must be standard JSON"),
+    ("nested", ValueError, "nest lists or dicts more than 100 deep"),
+    ("cycle", ValueError, "nest lists or dicts more than 100 deep"),
+    ("x" * (1024 * 1024 + 1), ValueError, r"over the backend's MAX_ARGUMENT_BYTES \(1048576\)"),
+])
+def test_arguments_a_worker_could_not_read_back_are_refused_in_one_line(argument, error, message):
+    if argument == "nested":
+        argument = []
+        for _ in range(5000):
+            argument = [argument]
+    elif argument == "cycle":
+        argument = []
+        argument.append(argument)
+    with pytest.raises(error, match=message) as refused:
+        tasks.ignore.enqueue(argument)
+    assert "\n" not in str(refused.value) and "tests.testapp.tasks.ignore" in str(refused.value)
+    assert not Task.objects.exists()
+
+
+def test_arguments_up_to_the_limits_are_stored_and_run_and_one_more_is_refused():
+    deepest = None
+    for _ in range(100):
+        deepest = [deepest]
+    # The default size limit counts the stored JSON: ["x...x"] and {} (6 characters).
+    results = [tasks.ignore.enqueue(deepest), tasks.ignore.enqueue("x" * (1024 * 1024 - 6))]
+    with pytest.raises(ValueError, match="more than 100 deep"):
+        tasks.ignore.enqueue([deepest])
+    with pytest.raises(ValueError, match="are 1048577 bytes as JSON"):
+        tasks.ignore.enqueue("x" * (1024 * 1024 - 5))
+    run()
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert tasks.ignore.get_result(results[0].id).args == [deepest]
+
+
+def test_the_argument_size_limit_is_an_option(settings):
+    settings.TASKS = {**settings.TASKS, "default": {
+        **settings.TASKS["default"],
+        "OPTIONS": {**settings.TASKS["default"]["OPTIONS"], "MAX_ARGUMENT_BYTES": 100}}}
+    tasks.ignore.enqueue("x" * 90)
+    with pytest.raises(ValueError, match=r"are 106 bytes as JSON, over .* \(100\)"):
+        tasks.ignore.enqueue("x" * 100)
+    settings.TASKS["default"]["OPTIONS"]["MAX_ARGUMENT_BYTES"] = None
+    tasks.ignore.enqueue("x" * (2 * 1024 * 1024))
+    assert Task.objects.count() == 2
+
+
+@pytest.mark.parametrize("value,ok", [(None, True), (10, True), (0, False), (-1, False),
+                                      ("1MB", False), (True, False), (1.5, False)])
+def test_the_check_says_what_a_good_argument_size_limit_is(value, ok, settings):
+    settings.TASKS = {**settings.TASKS, "default": {
+        **settings.TASKS["default"],
+        "OPTIONS": {**settings.TASKS["default"]["OPTIONS"], "MAX_ARGUMENT_BYTES": value}}}
+    errors = task_backends["default"].check()
+    if ok:
+        assert errors == []
+    else:
+        [error] = errors
+        assert error.id == "django_dbworker.E020" and "MAX_ARGUMENT_BYTES must be a whole number" in error.msg
+        with pytest.raises(Exception, match="MAX_ARGUMENT_BYTES must be a whole number"):
+            tasks.nothing.enqueue(1)
+
+
+def test_a_return_value_that_is_not_standard_json_fails_the_attempt_saying_so():
+    result = tasks.returns_nan.enqueue()
+    run()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert "returned NaN or Infinity" in error.traceback
+
+
+def test_the_task_admin_filters_by_status(admin_client):
+    from django.urls import reverse
+
+    failed, done = tasks.fail.enqueue("filtered"), tasks.add.enqueue(1, 2)
+    run()
+    waiting = tasks.add.enqueue(3, 4)
+    url = reverse("admin:django_dbworker_task_changelist")
+    page = admin_client.get(url)
+    assert [c for c in page.context["cl"].filter_specs if c.title == "status"]
+    listed = {status: {str(t.pk) for t in admin_client.get(url, {"status": status}).context["cl"].result_list}
+              for status in ("failed", "finished", "pending", "working")}
+    assert listed == {"failed": {failed.id}, "finished": {done.id}, "pending": {waiting.id},
+                      "working": set()}
+    assert admin_client.get(url, {"status": "bogus"}).status_code == 302  # ?e=1

@@ -9,7 +9,7 @@ from django.db import connection
 from django.template import Context, Template, TemplateSyntaxError
 from django.test.utils import CaptureQueriesContext
 
-from django_dbworker import ExecutionStatus, annotate_execution_status
+from django_dbworker import ExecutionStatus, annotate_execution_status, execution_status
 from django_dbworker.models import Execution
 from tests.helpers import mark_failed
 from tests.testapp.models import Document
@@ -92,6 +92,21 @@ def test_a_hostile_status_value_is_escaped_by_the_tag_itself() -> None:
         out = render(source, doc=doc)
         assert out == ('<span class="dbworker-status dbworker-status--unknown" '
                        f'title="{escaped}">Unknown ({escaped})</span>'), out
+
+
+def test_an_unknown_status_in_the_database_renders_as_unknown() -> None:
+    """Without the annotation the tag runs its own query: a stored value that is no status
+    still renders (escaped) and is assigned as it is, where execution_status() raises."""
+    doc = Document.objects.create()
+    Execution.objects.filter(worker="docs", source_id=str(doc.pk)).update(status='<b>"x"</b>')
+    escaped = "&lt;b&gt;&quot;x&quot;&lt;/b&gt;"
+    assert render('{% dbworker_status doc "docs" %}', doc=doc) == (
+        '<span class="dbworker-status dbworker-status--unknown" '
+        f'title="{escaped}">Unknown ({escaped})</span>')
+    assert render('{% dbworker_status doc "docs" as s %}[{{ s }}]', doc=doc) == f"[{escaped}]"
+    with pytest.raises(ValueError, match="status '<b>\"x\"</b>', which this version of "
+                                         "django-dbworker does not know"):
+        execution_status("docs", doc)
 
 
 def test_unknown_worker_names_the_registered_ones() -> None:

@@ -9,24 +9,32 @@ it commits or rolls back with the caller's own writes.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
+from . import values
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
     Task,
     TaskResult,
     TaskResultDoesNotExist,
-    normalize_json,
     task_enqueued,
 )
-from .queues import MAX_ALIAS, MAX_QUEUE_NAME, OPTION_KEYS, QUEUE_SETTINGS, queue_worker_name
+from .queues import (
+    MAX_ALIAS,
+    MAX_QUEUE_NAME,
+    OPTION_KEYS,
+    QUEUE_SETTINGS,
+    is_safe_name,
+    queue_worker_name,
+    safe_name,
+)
 
 
 class DatabaseBackend(BaseTaskBackend):
@@ -46,7 +54,12 @@ class DatabaseBackend(BaseTaskBackend):
         from .results import to_result
 
         self.validate_task(task)
-        args, kwargs = _json_arguments(task, args, kwargs)
+        try:
+            limit = values.max_argument_bytes(self.options)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"TASKS[{self.alias!r}]['OPTIONS']: {exc}") from None
+        # Anything a child could not read back is refused here, not in a child later.
+        args, kwargs = values.arguments(task.module_path, args, kwargs, limit)
         row = TaskRow.objects.using(_database()).create(
             id=uuid.uuid4(), backend=self.alias, queue_name=task.queue_name,
             task_path=task.module_path, priority=task.priority, run_after=task.run_after,
@@ -91,6 +104,7 @@ class DatabaseBackend(BaseTaskBackend):
             errors.append(checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS'] has an unknown key {key!r}.",
                 hint=f"Known keys: {', '.join(sorted(OPTION_KEYS))}.", id="django_dbworker.E020"))
+        errors += _argument_limit_errors(self.alias, options)
         per_queue = options.get("QUEUE_OPTIONS") or {}
         for queue, queue_options in per_queue.items() if isinstance(per_queue, dict) else []:
             if queue not in self.queues:
@@ -103,29 +117,38 @@ class DatabaseBackend(BaseTaskBackend):
                     f"TASKS[{self.alias!r}] queue {queue!r} has an unknown option {key!r}.",
                     hint=f"Known: {', '.join(sorted(QUEUE_SETTINGS))}.",
                     id="django_dbworker.E020"))
-        for queue in sorted(self.queues):
-            if len(queue) > MAX_QUEUE_NAME:
+        for queue in sorted(self.queues, key=str):
+            if not is_safe_name(queue):
+                errors.append(_unsafe_name(f"TASKS[{self.alias!r}] queue {queue!r}", queue))
+            elif len(queue) > MAX_QUEUE_NAME:
                 errors.append(checks.Error(
                     f"TASKS[{self.alias!r}] queue {queue!r} is longer than {MAX_QUEUE_NAME} "
                     "characters.", hint="Use a shorter queue name.", id="django_dbworker.E022"))
-        if len(self.alias) > MAX_ALIAS:
+        if not is_safe_name(self.alias):
+            errors.append(_unsafe_name(f"TASKS alias {self.alias!r}", self.alias))
+        elif len(self.alias) > MAX_ALIAS:
             errors.append(checks.Error(
                 f"TASKS alias {self.alias!r} is longer than {MAX_ALIAS} characters.",
                 hint="Use a shorter alias.", id="django_dbworker.E022"))
         return errors
 
 
+def _unsafe_name(what: str, name: object) -> checks.Error:
+    return checks.Error(
+        f"{what} may hold only letters, digits, '_' and '-': it becomes part of the worker "
+        "name tasks.<alias>.<queue>.",
+        hint=f"Rename it, e.g. to {safe_name(name)!r}.", id="django_dbworker.E023")
+
+
 def _database() -> str:
     return str(conf.value("DATABASE"))
 
 
-def _json_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-    """Arguments as the JSON they are stored as; anything else is refused here, at
-    enqueue, rather than failing in a child later."""
+def _argument_limit_errors(alias: str, options: dict[str, Any]) -> list[checks.CheckMessage]:
     try:
-        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
-        json.dumps([args, kwargs])
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"Arguments of task {task.module_path} must round-trip through JSON "
-                        f"(numbers, strings, booleans, None, lists, dicts): {exc}") from None
-    return args, kwargs
+        values.max_argument_bytes(options)
+    except ValueError as exc:
+        return [checks.Error(f"TASKS[{alias!r}]['OPTIONS']: {exc}",
+                             hint="e.g. 1048576 (the default, 1 MiB); see docs/tasks.md.",
+                             id="django_dbworker.E020")]
+    return []

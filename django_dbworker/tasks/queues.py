@@ -9,8 +9,10 @@ registration of yours.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -19,14 +21,32 @@ from django.core.exceptions import ImproperlyConfigured
 from ..registry import Worker, registry
 
 BACKEND = "django_dbworker.tasks.DatabaseBackend"
+# The paths of DatabaseBackend, known without an import; a subclass of it is ours too.
+OUR_PATHS = frozenset({BACKEND, "django_dbworker.tasks.backend.DatabaseBackend"})
+NOT_OURS = ("django.tasks.", "django_tasks.")  # Django's own backends, the backport's
 PREFIX = "tasks."
 MAX_QUEUE_NAME = 32  # Task.queue_name
 MAX_ALIAS = 32  # Task.backend
 # OPTIONS keys, each with the Worker field it sets; QUEUE_OPTIONS gives them per queue.
 QUEUE_SETTINGS = {"CONCURRENCY": "concurrency", "MAX_ATTEMPTS": "max_attempts",
-                  "RETRY_BACKOFF": "retry_backoff", "TIMEOUT": "timeout",
-                  "MAX_TASKS_PER_CHILD": "max_tasks_per_child"}
-OPTION_KEYS = {*QUEUE_SETTINGS, "QUEUE_OPTIONS"}
+                  "RETRY_BACKOFF": "retry_backoff", "MAX_CRASHES": "max_crashes",
+                  "TIMEOUT": "timeout", "MAX_TASKS_PER_CHILD": "max_tasks_per_child"}
+# MAX_ARGUMENT_BYTES: the backend's limit on a task's stored arguments (backend.py).
+OPTION_KEYS = {*QUEUE_SETTINGS, "QUEUE_OPTIONS", "MAX_ARGUMENT_BYTES"}
+# What a queue name or a backend alias may hold: letters, digits, "_" and "-" ("default",
+# "emails", "high-priority"). Each becomes part of a worker name, which the admin, logs,
+# metric labels and SQL all carry; "." is the separator, so no two (alias, queue) pairs
+# make one name. Anything else is a system check error (django_dbworker.E023).
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def is_safe_name(name: object) -> bool:
+    return isinstance(name, str) and SAFE_NAME.match(name) is not None
+
+
+def safe_name(name: object) -> str:
+    """A name close to ``name`` that is_safe_name() accepts (for the check's hint)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", str(name)).strip("_") or "default"
 
 
 def queue_worker_name(alias: str, queue: str) -> str:
@@ -40,6 +60,21 @@ class QueueWorker(Worker):
     alias: str = ""
     queue: str = ""
     prioritized = True
+    records_interruptions = True
+
+    def on_interrupted(self, conn: Any, source_table: Any, source_id: str, attempt: int,
+                       error: tuple[str, str], final: bool, began: Any, claimer: str | None,
+                       now: Any) -> None:
+        from .interruptions import record_interruption
+
+        record_interruption(conn, source_table, source_id, attempt, error, final, began,
+                            claimer, now)
+
+    def after_interrupted(self, source_id: str, final: bool) -> None:
+        if final:
+            from .interruptions import announce_failed
+
+            announce_failed(source_id)
 
     def on_failure(self, alias: str, source_id: str, exc: BaseException, final: bool) -> None:
         from ..models import Task
@@ -54,21 +89,31 @@ class QueueWorker(Worker):
 
         save_results(alias, sources)
 
+    def before_attempts(self, alias: str, pending: Any) -> None:
+        """Called in the child before it opens the transaction of the next rows it runs
+        (the front of ``pending``, its deque of deliveries): sends their task_started."""
+        from .runner import announce_started
+
+        announce_started(alias, pending)
+
     def trigger_source(self) -> Any:
         """One trigger set on the Task table serves every queue: the worker name comes
         from each row's backend and queue, its priority and run_after with it."""
         from ..models import Task
         from ..vendors import TriggerSource, for_connection
 
-        def name(row: str) -> str:
-            vendor = for_connection(_connection())
-            return vendor.concat_sql(f"'{PREFIX}'", f"{row}.{vendor.qn('backend')}", "'.'",
-                                     f"{row}.{vendor.qn('queue_name')}")
+        def column(row: str, name: str) -> str:  # (the Task model's own column names)
+            return f"{row}.{for_connection(_connection()).qn(name)}"
+
+        def name(row: str, constant: Any) -> str:
+            return for_connection(_connection()).concat_sql(
+                constant(PREFIX), column(row, "backend"), constant("."),
+                column(row, "queue_name"))
 
         return TriggerSource(
             base="tasks", table=Task._meta.db_table, pk_column="id", pk_field=Task._meta.pk,
-            worker=name, priority=lambda row: f"{row}.priority",
-            due=lambda row: f"{row}.run_after")
+            worker=name, priority=lambda row: column(row, "priority"),
+            due=lambda row: column(row, "run_after"))
 
 
 def _connection() -> Any:
@@ -82,8 +127,36 @@ def _connection() -> Any:
 def backends() -> Iterator[tuple[str, dict[str, Any]]]:
     """(alias, params) of every TASKS backend that is ours."""
     for alias, params in (getattr(settings, "TASKS", None) or {}).items():
-        if isinstance(params, dict) and params.get("BACKEND") == BACKEND:
+        if isinstance(params, dict) and is_database_backend(params.get("BACKEND")):
             yield alias, params
+
+
+def is_database_backend(path: Any) -> bool:
+    """Whether a TASKS ``BACKEND`` path names DatabaseBackend or a subclass of it. Ours
+    and Django's own paths are told apart without importing anything (this runs when
+    the app is ready, in the coordinator and in every child); any other path is imported,
+    once, and its class compared."""
+    if not isinstance(path, str):
+        return False
+    if path in OUR_PATHS:
+        return True
+    if path.startswith(NOT_OURS):
+        return False
+    return _subclasses_ours(path)
+
+
+@cache
+def _subclasses_ours(path: str) -> bool:
+    from django.utils.module_loading import import_string
+
+    try:
+        cls = import_string(path)
+        # (Only now: it needs django.tasks or the backport, and a backend of any kind
+        # that imported has one of them.)
+        from .backend import DatabaseBackend
+    except ImportError:
+        return False  # Django's own check of TASKS names a path that does not import
+    return isinstance(cls, type) and issubclass(cls, DatabaseBackend)
 
 
 def queue_options(alias: str, params: dict[str, Any], queue: str) -> dict[str, Any]:

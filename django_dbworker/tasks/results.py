@@ -7,9 +7,9 @@ of attempts that ran to a recorded end, the workers that ran them).
 
 from __future__ import annotations
 
+import sys
+from importlib import import_module
 from typing import Any
-
-from django.utils.module_loading import import_string
 
 from ..status import ExecutionStatus
 from .compat import Task as DjangoTask
@@ -31,10 +31,53 @@ COORDINATOR_ERRORS = {"TimeoutError": "builtins.TimeoutError",
 
 
 def import_task(path: str) -> DjangoTask:
-    task = import_string(path)
+    """The task a stored ``task_path`` names. The path is data (anyone who can write the
+    table writes it), so it imports only code the project runs anyway: a module already
+    imported, or one inside the package of an installed app or of the settings module.
+    Any other path is refused before any of its code runs, and what is found must be a
+    task."""
+    module_name, _, name = path.rpartition(".")
+    module = sys.modules.get(module_name) if module_name and name else None
+    if module is None:
+        if not (module_name and name and _in_the_project(module_name)):
+            raise ImportError(
+                f"Task path {path!r} is not in an installed app (nor in the settings "
+                "module's package), so it is not imported: a task is an @task function "
+                "of an installed app's module.")
+        module = import_module(module_name)
+    task = getattr(module, name, None)
+    if task is None:
+        raise ImportError(f"Module {module_name!r} has no task {name!r} (renamed or removed "
+                          "since the task was enqueued?).")
     if not isinstance(task, DjangoTask):
         raise TypeError(f"{path} is not a task (decorate the function with @task).")
     return task
+
+
+def _in_the_project(module_name: str) -> bool:
+    from django.apps import apps
+    from django.conf import settings
+
+    packages = {config.name for config in apps.get_app_configs()}
+    settings_module = getattr(settings, "SETTINGS_MODULE", None) or ""
+    if "." in settings_module:  # (its top package: the project's own code)
+        packages.add(settings_module.partition(".")[0])
+    return any(module_name == p or module_name.startswith(f"{p}.") for p in packages)
+
+
+def missing_task(row: Any) -> DjangoTask:
+    """A stand-in for the task of ``row`` when its path does not import here (renamed or
+    removed since it was enqueued, or refused): the result still reads as stored, under
+    the stored path. Calling it raises ImportError."""
+    module_name, _, name = row.task_path.rpartition(".")
+
+    def missing(*args: Any, **kwargs: Any) -> None:
+        raise ImportError(f"Task {row.task_path} cannot be imported in this process.")
+
+    missing.__module__ = module_name
+    missing.__name__ = missing.__qualname__ = name
+    return DjangoTask(func=missing, backend=row.backend, queue_name=row.queue_name,
+                      priority=row.priority, run_after=row.run_after)
 
 
 def errors_of(row: Any, execution: Any) -> list[dict[str, Any]]:
@@ -60,7 +103,11 @@ def worker_ids_of(row: Any, execution: Any, attempts: int | None = None) -> list
 
 def to_result(row: Any, execution: Any, task: DjangoTask | None = None,
               status: TaskResultStatus | None = None) -> TaskResult:
-    task = task or import_task(row.task_path)
+    if task is None:
+        try:
+            task = import_task(row.task_path)
+        except Exception:  # noqa: BLE001 - renamed, removed, refused or broken: as stored
+            task = missing_task(row)
     task = task.using(priority=row.priority, queue_name=row.queue_name,
                       run_after=row.run_after, backend=row.backend)
     if status is None:

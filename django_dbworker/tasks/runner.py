@@ -6,38 +6,114 @@ failure). The row's result (times, worker, return value) is written with the out
 by ``save_results``: together for a group of tasks (one statement on PostgreSQL), not
 with an ORM save per task. So a task that calls ``transaction.set_rollback(True)``
 discards its own writes and keeps its result, as any handler keeps its outcome.
-``task_started`` is sent in the child before the task runs, ``task_finished`` after the
-outcome committed.
+
+The signals are sent where a receiver that writes to the database sees its writes
+committed: ``task_started`` by the child before it opens the transaction the task runs in
+(``announce_started``, called through ``QueueWorker.before_attempts``), so a receiver's
+record of it stays whatever becomes of the task; ``task_finished`` after the transaction
+that recorded the outcome committed. A receiver's exception is logged and changes nothing.
 """
 
 from __future__ import annotations
 
-import json
+import logging
+import os
 import traceback
+from collections import OrderedDict
+from collections.abc import Iterable
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
-from .. import child
+from .. import child, clock
 from ..outcomes import Finished
-from .compat import TaskContext, TaskResultStatus, normalize_json, task_finished, task_started
+from . import values
+from .compat import TaskContext, TaskResultStatus, task_finished, task_started
 from .results import import_task, to_result, worker_ids_of
+
+logger = logging.getLogger("django_dbworker.tasks")
 
 # What a success writes; a failure writes its error as well.
 RESULT_FIELDS = ["started_at", "last_attempted_at", "worker_ids", "return_value", "finished_at"]
 FIELDS = [*RESULT_FIELDS, "errors"]
 
 
-def _sender() -> type:
+# The claims (tokens) this child sent task_started for, the newest last: a group's rows it
+# did not reach come back at the front of the next group and are not announced again.
+_announced: OrderedDict[str, None] = OrderedDict()
+ANNOUNCED_KEPT = 1024
+# The attempts (execution id, number) at the front of the child's queue that were
+# announced: run_task() sends task_started itself for any other.
+_window: frozenset[tuple[int, int]] = frozenset()
+
+
+def _sender(alias: str) -> type:
+    """The class of backend ``alias`` (DatabaseBackend or a subclass), as Django's own
+    backends send ``type(self)``."""
     from .backend import DatabaseBackend
+    from .compat import task_backends
 
-    return DatabaseBackend
+    try:
+        cls = type(task_backends[alias])
+    except Exception:  # noqa: BLE001 - the alias is gone from TASKS: the base class
+        return DatabaseBackend
+    return cls if issubclass(cls, DatabaseBackend) else DatabaseBackend
 
 
-def _begin_attempt(row: Any, now: Any) -> None:
-    attempt = child.current_attempt()
+def send_logged(signal: Any, name: str, result: Any) -> None:
+    """Send ``signal``: a receiver's exception is logged and changes nothing of the task."""
+    for receiver, response in signal.send_robust(_sender(result.backend), task_result=result):
+        if isinstance(response, Exception):
+            logger.error("A %s receiver (%s) failed for task %s (%s): %s", name,
+                         getattr(receiver, "__qualname__", receiver), result.id,
+                         result.task.module_path, response, exc_info=response)
+
+
+def announce_started(alias: str, pending: Iterable[Any]) -> None:
+    """Send ``task_started`` for the tasks at the front of ``pending`` (the deliveries
+    the child runs next: as many as a group takes), before their transaction opens.
+    Receivers run in autocommit: a row one writes is committed at once, and stays
+    however the task ends. Nothing here stops a task: if the rows cannot be read, they
+    are announced by run_task(), inside their transaction, as before."""
+    global _window
+    from ..identity import host
+    from ..models import Task
+
+    front = list(islice(pending, child.GROUP_ROWS))
+    fresh = [d for d in front if d[3] not in _announced]
+    pk = Task._meta.pk
+    assert pk is not None
+    rows, now = {}, None
+    if fresh:
+        try:
+            rows = Task.objects.using(alias).in_bulk([pk.to_python(d[2]) for d in fresh])
+            now = clock.now(alias)
+        except Exception:  # noqa: BLE001 - the group meets the database's error itself
+            logger.warning("Could not read tasks to announce them; they announce "
+                           "themselves when they start", exc_info=True)
+            fresh = []
+    worker_id = f"{host()}:{os.getppid()}"  # the coordinator, as child.current_attempt() has it
+    for delivery in fresh:
+        row = rows.get(pk.to_python(delivery[2]))
+        if row is None:
+            continue  # deleted since the claim: its run says so
+        try:
+            _begin_attempt(row, now, child.Attempt(delivery[1], delivery[4], worker_id))
+            result = to_result(row, None, status=TaskResultStatus.RUNNING)
+        except Exception:  # noqa: BLE001 - not announced here: run_task() does it
+            logger.warning("Could not announce task %s", row.pk, exc_info=True)
+            continue
+        _announced[delivery[3]] = None
+        send_logged(task_started, "task_started", result)
+    while len(_announced) > ANNOUNCED_KEPT:
+        _announced.popitem(last=False)
+    _window = frozenset((d[1], d[4]) for d in front if d[3] in _announced)
+
+
+def _begin_attempt(row: Any, now: Any, attempt: child.Attempt | None = None) -> None:
+    attempt = attempt or child.current_attempt()
     row.started_at = row.started_at or now
     row.last_attempted_at = now
     row.worker_ids = [*worker_ids_of(row, None, attempt.number - 1)[:attempt.number - 1],
@@ -47,15 +123,19 @@ def _begin_attempt(row: Any, now: Any) -> None:
 def run_task(row: Any) -> Finished:
     """Run the task of ``row`` (a Task): called with the row, like any handler."""
     task = import_task(row.task_path)
-    _begin_attempt(row, timezone.now())
+    attempt = child.current_attempt()
+    _begin_attempt(row, clock.now(row._state.db), attempt)
     result = to_result(row, None, task, status=TaskResultStatus.RUNNING)
-    task_started.send(_sender(), task_result=result)
+    if (attempt.execution_id, attempt.number) not in _window:
+        # Not announced before the transaction (run by child.run() alone, or the rows
+        # could not be read then): late, and inside the task's transaction, but sent.
+        send_logged(task_started, "task_started", result)
     if task.takes_context:
         value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
     else:
         value = task.call(*result.args, **result.kwargs)
-    row.return_value = json_value(task, value)
-    row.finished_at = timezone.now()
+    row.return_value = values.return_value(task.module_path, value)
+    row.finished_at = clock.now(row._state.db)
     return Finished()
 
 
@@ -86,21 +166,10 @@ def save_results(alias: str, rows: list[Any]) -> None:
                               using=alias)
 
 
-def json_value(task: Any, value: Any) -> Any:
-    """The return value as the JSON it is stored as (a failure if it is not JSON)."""
-    try:
-        value = normalize_json(value)
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"Task {task.module_path} returned {type(value).__name__}, which is not "
-                        f"JSON: return only what json.dumps accepts ({exc}).") from None
-    return value
-
-
 def record_failure(row: Any, exc: BaseException, final: bool) -> None:
     """In the transaction that records a failed attempt (the handler's own writes are
     rolled back, ``row`` is read afresh): keep its error on the row."""
-    now = timezone.now()
+    now = clock.now(row._state.db)
     _begin_attempt(row, now)
     cls = type(exc)
     row.errors = [*(row.errors or []), {
@@ -117,12 +186,14 @@ def record_failure(row: Any, exc: BaseException, final: bool) -> None:
 def _finished(row: Any, task: Any, status: TaskResultStatus, exc: BaseException | None) -> None:
     try:
         result = to_result(row, None, task, status=status)
-    except Exception:  # noqa: BLE001 - the task is gone from the code: nobody to tell
+    except Exception:  # noqa: BLE001 - (a stand-in failed too): nothing to send
+        logger.warning("No task_finished for task %s: its result cannot be built", row.pk,
+                       exc_info=True)
         return
     if exc is None:
-        task_finished.send(_sender(), task_result=result)
+        send_logged(task_finished, "task_finished", result)
         return
     try:  # Django's own receiver logs the failure with sys.exc_info(), as its backends do
         raise exc
     except BaseException:
-        task_finished.send(_sender(), task_result=result)
+        send_logged(task_finished, "task_finished", result)

@@ -1,7 +1,9 @@
 """``{% load dbworker %}``: show a row's execution status in any template.
 
 ``{% dbworker_status obj "ocr" %}`` renders a badge; ``{% dbworker_status obj "ocr" as s %}``
-assigns the status (an ``ExecutionStatus``, or ``None`` when the row has no record).
+assigns the status (an ``ExecutionStatus``, or ``None`` when the row has no record; a
+stored value that is no status, written by hand or by a newer version, is assigned as the
+string it is and shown as "Unknown (value)", escaped).
 On list pages annotate the queryset with ``annotate_execution_status(qs, "ocr")``: the tag
 then reads ``obj.ocr_execution_status`` and runs no query of its own.
 """
@@ -42,12 +44,14 @@ def status_badge(status: ExecutionStatus | str | None) -> SafeString:
 
 
 def status_of(obj: Any, worker: str) -> ExecutionStatus | str | None:
-    """The annotated status when present (no query), else one query through the API."""
+    """The annotated status when present (no query), else the one query of
+    ``execution_status()``. A stored value that is no status comes back as it is (for the
+    badge's "Unknown (value)"), where ``execution_status()`` would raise."""
     value: Any = getattr(obj, f"{worker}_execution_status", _MISSING)
     if value is _MISSING:
-        from ..api import execution_status  # models are ready by the time a tag renders
+        from ..api import _executions  # models are ready by the time a tag renders
 
-        return execution_status(worker, obj)
+        value = _executions(worker, obj).values_list("status", flat=True).first()
     if value is None:
         return None
     try:

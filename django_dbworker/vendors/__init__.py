@@ -14,6 +14,7 @@ from .base import (
     NOTIFY_CHANNEL,
     PAUSE_NOTICE,
     TRIGGER_NAME,
+    Bound,
     TriggerNames,
     TriggerSource,
     UnsupportedDatabase,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANY_WORKER_NOTICE", "EXECUTION_TABLE", "NOTIFY_CHANNEL", "PAUSE_NOTICE", "TRIGGER_NAME",
-    "VENDORS", "MySQL", "PostgreSQL",
+    "VENDORS", "Bound", "MySQL", "PostgreSQL",
     "SQLite", "TriggerNames", "TriggerSource", "UnsupportedDatabase", "Vendor",
     "driver_error", "error_code", "for_connection", "for_engine", "prepare_child_settings",
 ]

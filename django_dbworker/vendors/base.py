@@ -13,6 +13,7 @@ import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -32,6 +33,37 @@ RERUN_STATUSES = ("finished", "failed")
 
 class UnsupportedDatabase(ImproperlyConfigured):
     pass
+
+
+# Where a bound parameter goes in a runtime statement while it is built (see Bound): NUL
+# is in no name and no value that reaches SQL (quote_name and literal refuse it).
+_PLACE = re.compile("\x00(\\d+)\x00")
+
+
+class Bound:
+    """The parameters of one runtime statement, collected while its SQL is built.
+
+    ``bound(value)`` stands where ``value`` goes; ``bound.statement(sql)`` is the
+    (sql, params) pair for ``cursor.execute()``, in the order the values appear. Every
+    other ``%`` of the SQL is doubled: the drivers read ``%`` as the start of a
+    placeholder whenever parameters are given, and a name may contain one.
+    """
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+
+    def __call__(self, value: Any) -> str:
+        self.values.append(value)
+        return f"\x00{len(self.values) - 1}\x00"
+
+    def statement(self, sql: str) -> tuple[str, list[Any]]:
+        params: list[Any] = []
+
+        def place(match: re.Match[str]) -> str:
+            params.append(self.values[int(match.group(1))])
+            return "%s"
+
+        return _PLACE.sub(place, sql.replace("%", "%%")), params
 
 
 def driver_error(exc: BaseException) -> BaseException:
@@ -71,14 +103,16 @@ class TriggerSource:
 
     ``worker``, ``priority`` and ``due`` are SQL expressions of the inserted row, given
     its alias (``NEW``, or a transition table's): a row worker's name is a constant, a
-    task's queue comes from the row itself.
+    task's queue comes from the row itself. ``worker`` also gets how a constant string is
+    written: ``Vendor.literal`` in trigger DDL, a bound parameter (``Bound``) at run time.
+    Column names are written by the vendor's ``quote_name``.
     """
 
     base: str  # trigger names are dbworker_<base>_ins/_del/_upd
     table: str
     pk_column: str
     pk_field: Any
-    worker: Callable[[str], str]
+    worker: Callable[[str, Callable[[str], str]], str]
     priority: Callable[[str], str] = field(default=lambda row: "0")
     due: Callable[[str], str] = field(default=lambda row: "NULL")
     rerun_on: Sequence[str] = ()  # column names
@@ -105,6 +139,9 @@ class Vendor:
     # Row locks on a SELECT: "of_table" (FOR UPDATE OF the Execution table only),
     # "rows" (FOR UPDATE: every table read), or "" (no row locks at all).
     row_locks = "of_table"
+    # The engine commits each statement (SQLite): writes that must commit together say
+    # BEGIN IMMEDIATE ... COMMIT themselves (Bridge.writing).
+    autocommit_engine = False
     # Whether pickup can be woken by the database (LISTEN/NOTIFY).
     notifies = False
     # Whether the eligibility EXISTS needs OFFSET 0 to stay a per-row probe. PostgreSQL
@@ -117,9 +154,30 @@ class Vendor:
     sqlalchemy_driver = ""
     partial_indexes = True
 
+    # How this database quotes an identifier (MySQL: backticks).
+    IDENTIFIER_QUOTE = '"'
+
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
-        self.qn = connection.ops.quote_name
+        self.qn = self.quote_name
+
+    # -- names and values in SQL --------------------------------------------------------
+    # Every name this app writes into SQL goes through quote_name, every constant string
+    # into DDL (trigger bodies, which take no parameters) through literal; statements run
+    # at run time take values as bound parameters (Bound). tests/test_hostile_names.py.
+    def quote_name(self, name: str) -> str:
+        """``name`` as one quoted identifier, whatever it contains.
+
+        Not Django's ``ops.quote_name``: that one neither doubles the quote character
+        inside a name nor quotes a name that already starts and ends with it, so a
+        ``db_table`` or ``db_column`` holding one would end the identifier early.
+        """
+        q = self.IDENTIFIER_QUOTE
+        return q + _no_nul(name, "a name").replace(q, q + q) + q
+
+    def literal(self, value: str) -> str:
+        """``value`` as an SQL string constant, for DDL only: quotes doubled."""
+        return "'" + _no_nul(value, "a value").replace("'", "''") + "'"
 
     def index_hint(self, index: str) -> str | None:
         """A table hint that makes a claim read ``index`` (None: the planner's choice)."""
@@ -203,6 +261,14 @@ class Vendor:
     def now_plus_sql(self, seconds: float) -> str:
         return self.plus_seconds_sql(self.now_sql(), seconds)
 
+    def now_expression(self, seconds: float | None = None) -> Any:
+        """The database's now (plus ``seconds``), as an ORM expression."""
+        from django.db.models import DateTimeField
+        from django.db.models.expressions import RawSQL
+
+        sql = self.now_sql() if seconds is None else self.now_plus_sql(seconds)
+        return RawSQL(orm_sql(sql), [], output_field=DateTimeField())
+
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         """A timestamp column plus a number of seconds."""
         raise NotImplementedError
@@ -229,11 +295,15 @@ class Vendor:
     EXECUTION_COLUMNS = ("worker, source_id, status, attempts, priority, next_attempt_at, "
                          "rerun_requested, created_at, updated_at, ready_at")
 
-    def pending_row_values(self, source: TriggerSource, row: str) -> str:
+    def pending_row_values(self, source: TriggerSource, row: str,
+                           constant: Callable[[str], str] | None = None) -> str:
+        """The values of a new pending Execution of ``row``; ``constant`` writes the
+        worker's name (a literal by default: in DDL; a Bound at run time)."""
         now = self.now_sql()
         key = self.text_key_sql(f"{row}.{self.qn(source.pk_column)}")
         due = source.due(row)
-        return (f"{source.worker(row)}, {key}, 'pending', 0, {source.priority(row)}, {due}, "
+        worker = source.worker(row, constant or self.literal)
+        return (f"{worker}, {key}, 'pending', 0, {source.priority(row)}, {due}, "
                 f"{self.false_sql()}, {now}, {now}, COALESCE({due}, {now})")
 
     def change_probe_sql(self) -> str:
@@ -285,8 +355,9 @@ class Vendor:
         thing (a server over the network), probe on the timer."""
         return None
 
-    def notify_sql(self, payload: str) -> str | None:
-        """A statement waking every coordinator with ``payload``, if the database can."""
+    def notify_sql(self, payload: str) -> tuple[str, list[Any]] | None:
+        """A statement (and its parameters) waking every coordinator with ``payload``,
+        if the database can."""
         return None
 
     def false_sql(self) -> str:
@@ -320,27 +391,28 @@ class Vendor:
         ex = self.qn(EXECUTION_TABLE)
         insert = self.insert_ignore(EXECUTION_TABLE, self.EXECUTION_COLUMNS,
                                     f"VALUES ({self.pending_row_values(source, 'NEW')})")
-        delete = (f"DELETE FROM {ex} WHERE worker = {source.worker('OLD')} "
+        delete = (f"DELETE FROM {ex} WHERE worker = {source.worker('OLD', self.literal)} "
                   f"AND source_id = {self.text_key_sql(f'OLD.{pk}')} AND status <> 'working'")
+        qn = self.qn
         statements = [
-            f"DROP TRIGGER IF EXISTS {names.insert}",
-            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} "
+            *self.drop_trigger_sql(names.insert, source.table),
+            f"CREATE TRIGGER {qn(names.insert)} AFTER INSERT ON {table} "
             f"FOR EACH ROW {self.row_trigger_body(insert)}",
-            f"DROP TRIGGER IF EXISTS {names.delete}",
-            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} "
+            *self.drop_trigger_sql(names.delete, source.table),
+            f"CREATE TRIGGER {qn(names.delete)} AFTER DELETE ON {table} "
             f"FOR EACH ROW {self.row_trigger_body(delete)}",
-            f"DROP TRIGGER IF EXISTS {names.update}",
+            *self.drop_trigger_sql(names.update, source.table),
         ]
         if source.rerun_on:
             def changed(column: str) -> str:
                 return self.is_distinct_sql(f"OLD.{self.qn(column)}", f"NEW.{self.qn(column)}")
 
             rerun = (f"UPDATE {ex} SET {self.rerun_set_sql(source, changed)} "
-                     f"WHERE worker = {source.worker('NEW')} "
+                     f"WHERE worker = {source.worker('NEW', self.literal)} "
                      f"AND source_id = {self.text_key_sql(f'NEW.{pk}')} "
                      f"AND {self.rerun_where_sql()}")
             statements.append(self.rerun_trigger_sql(
-                names.update, table, [self.qn(c) for c in source.rerun_on],
+                qn(names.update), table, [self.qn(c) for c in source.rerun_on],
                 " OR ".join(changed(c) for c in source.rerun_on), rerun))
         return statements
 
@@ -357,7 +429,8 @@ class Vendor:
 
     def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
                           statement: str) -> str:
-        """An AFTER UPDATE row trigger that runs statement when condition holds."""
+        """An AFTER UPDATE row trigger that runs statement when condition holds (``name``,
+        ``table`` and ``columns`` quoted)."""
         raise NotImplementedError
 
     def trigger_names(self, source: TriggerSource) -> list[str]:
@@ -366,7 +439,8 @@ class Vendor:
         return [names.insert, names.delete, *([names.update] if source.rerun_on else [])]
 
     def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
-        return [f"DROP TRIGGER IF EXISTS {trigger}"]  # row triggers: nothing else to drop
+        # Row triggers: nothing else to drop.
+        return [f"DROP TRIGGER IF EXISTS {self.qn(trigger)}"]
 
     # SELECT (trigger name, table name) of the triggers named in {marks}, compared
     # exactly (case and all): a trigger of the user's that differs in case is not ours.
@@ -390,6 +464,7 @@ class Vendor:
                 f"ELSE {e}next_attempt_at END, "
                 f"ready_at = CASE WHEN {e}status IN ({done}) THEN {now} ELSE {e}ready_at END, "
                 f"rerun_reason = {reason}, updated_at = {now}, "
+                f"crashes = CASE WHEN {e}status IN ({done}) THEN 0 ELSE {e}crashes END, "
                 f"status = CASE WHEN {e}status IN ({done}) THEN 'pending' ELSE {e}status END")
 
     def rerun_where_sql(self, e: str = "") -> str:
@@ -399,17 +474,45 @@ class Vendor:
     def changed_columns_sql(self, columns: Sequence[str],
                             changed: Callable[[str], str]) -> str:
         """'changed: a, b': the listed columns that changed, as text."""
-        parts = " || ".join(f"CASE WHEN {changed(c)} THEN '{c}, ' ELSE '' END" for c in columns)
+        parts = " || ".join(f"CASE WHEN {changed(c)} THEN {self.literal(f'{c}, ')} ELSE '' END"
+                            for c in columns)
         return f"'changed: ' || RTRIM({parts}, ', ')"
 
     # -- indexes ---------------------------------------------------------------------------
     def partial_index_sql(self, name: str, table: str, columns: str, where_column: str) -> str:
         """An index of the rows whose ``where_column`` is not NULL (a plain one where the
         database has no partial indexes: NULL keys then sit apart, unread by lookups of
-        a value)."""
+        a value). ``table`` comes quoted, ``columns`` and ``where_column`` are SQL (the
+        migrations' own constants); the index name is quoted here."""
         if not self.partial_indexes:
-            return f"CREATE INDEX {name} ON {table} ({columns})"
-        return f"CREATE INDEX {name} ON {table} ({columns}) WHERE {where_column} IS NOT NULL"
+            return f"CREATE INDEX {self.qn(name)} ON {table} ({columns})"
+        return (f"CREATE INDEX {self.qn(name)} ON {table} ({columns}) "
+                f"WHERE {where_column} IS NOT NULL")
 
     def drop_index_sql(self, name: str, table: str) -> str:
-        return f"DROP INDEX IF EXISTS {name}"
+        return f"DROP INDEX IF EXISTS {self.qn(name)}"
+
+    # -- the clock, read --------------------------------------------------------------------
+    def current_time(self) -> datetime:
+        """Now on the database's clock, as an aware UTC datetime (one round trip): what
+        the app compares with times it wrote there, never a machine's own clock."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT {self.now_sql()}")
+            value = cursor.fetchone()[0]
+        if isinstance(value, str):  # (SQLite's clock is text)
+            value = datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def orm_sql(sql: str) -> str:
+    """Vendor SQL made fit for the ORM's raw expressions: Django formats the SQL of a
+    query with its parameters (``%s``), so a literal ``%`` (SQLite's strftime) is
+    doubled; unescaped, it broke the query under DEBUG (which formats it to log it)."""
+    return sql.replace("%", "%%")
+
+
+def _no_nul(text: str, what: str) -> str:
+    # No database stores NUL in a name, and a driver may cut a statement at one.
+    if "\x00" in text:
+        raise ValueError(f"{what} for SQL contains a NUL character: {text!r}")
+    return text

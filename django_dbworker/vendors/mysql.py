@@ -19,12 +19,21 @@ _COLLATIONS: dict[tuple[str, str], tuple[str, str]] = {}
 
 class MySQL(Vendor):
     name = "mysql"
+    IDENTIFIER_QUOTE = "`"  # (ANSI_QUOTES or not: backticks always quote a name)
     nulls_order_syntax = False
     partial_indexes = False  # NULL keys of non-claimable rows sit apart at the start
     sqlalchemy_driver = "mysql+mysqldb"
     DEADLOCK_CODES = {1213, 1205}  # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
     # Access denied (to the database, for the user, by auth plugin), unknown database.
     PERMANENT_CONNECT_CODES = {1044, 1045, 1049, 1698}
+
+    def literal(self, value: str) -> str:
+        # A backslash escapes the next character in a string constant, unless the
+        # session's sql_mode has NO_BACKSLASH_ESCAPES (a trigger keeps the sql_mode it
+        # was created with, so the constant means the same when it runs).
+        if "\\" in value and "NO_BACKSLASH_ESCAPES" not in self.connection.sql_mode:  # type: ignore[attr-defined]
+            value = value.replace("\\", "\\\\")
+        return super().literal(value)
 
     def probe_row(self, connection: Any, sql: str) -> tuple[Any, ...]:
         # mysqlclient's C calls, without its Python cursor: a fifth less CPU per idle
@@ -56,7 +65,7 @@ class MySQL(Vendor):
         # answer, digits and punctuation, checked by .changewait.
         return (f"BEGIN NOT ATOMIC DECLARE i INT DEFAULT 0; DECLARE a VARCHAR(255); "
                 f"{answer} INTO a; "
-                f"WHILE i < {int(rounds)} AND a = '{seen}' DO "
+                f"WHILE i < {int(rounds)} AND a = {self.literal(seen)} DO "
                 f"DO SLEEP({float(pause)!r}); {answer} INTO a; SET i = i + 1; END WHILE; "
                 f"SELECT a; END")
 
@@ -191,7 +200,7 @@ class MySQL(Vendor):
 
     def changed_columns_sql(self, columns: Sequence[str], changed: Any) -> str:
         # || is OR here; CONCAT it is.
-        parts = ", ".join(f"IF({changed(c)}, '{c}, ', '')" for c in columns)
+        parts = ", ".join(f"IF({changed(c)}, {self.literal(f'{c}, ')}, '')" for c in columns)
         return f"CONCAT('changed: ', TRIM(TRAILING ', ' FROM CONCAT({parts})))"
 
     DISTINCT_SQL = "NOT ({a} <=> {b})"
@@ -206,7 +215,7 @@ class MySQL(Vendor):
                 f"IF {condition} THEN {statement}; END IF")
 
     def drop_index_sql(self, name: str, table: str) -> str:
-        return f"DROP INDEX {name} ON {table}"
+        return f"DROP INDEX {self.qn(name)} ON {table}"
 
 
 def _idle_seconds(lease_seconds: float) -> int:

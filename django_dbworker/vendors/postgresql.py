@@ -126,11 +126,20 @@ class PostgreSQL(Vendor):
              schedule_lock_key(schedule)])
         return bool(cursor.fetchone()[1])
 
-    def notify_sql(self, payload: str) -> str | None:
-        return f"SELECT pg_notify('{NOTIFY_CHANNEL}', '{payload}')"
+    def notify_sql(self, payload: str) -> tuple[str, list[Any]] | None:
+        return "SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, payload]
+
+    def literal(self, value: str) -> str:
+        # With a backslash: an escape string, whose backslashes mean the same whatever
+        # standard_conforming_strings says.
+        if "\\" not in value:
+            return super().literal(value)
+        return "E" + super().literal(value.replace("\\", "\\\\"))
 
     def now_sql(self) -> str:
-        return "now()"
+        # The statement's time, not the transaction's (now()): a child's group writes
+        # finish times many seconds into its transaction.
+        return "statement_timestamp()"
 
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         return f"({column_sql} + interval '{float(seconds):.6f} seconds')"
@@ -159,77 +168,70 @@ class PostgreSQL(Vendor):
                        f"WHERE t.{qn(key[0])} = v.{qn(key[0])}",
                        [list(values) for values in zip(*rows, strict=True)])
 
-    def changed_columns_sql(self, columns: Sequence[str], changed: Any) -> str:
-        parts = " || ".join(f"CASE WHEN {changed(c)} THEN '{c}, ' ELSE '' END" for c in columns)
-        return f"'changed: ' || RTRIM({parts}, ', ')"
-
     def create_trigger_sql(self, source: TriggerSource) -> list[str]:
         # Statement-level triggers with transition tables: one INSERT ... SELECT per
         # statement, so bulk_create of 10,000 rows costs one trigger call, not 10,000.
         names = source.names
-        table, pk = self.qn(source.table), self.qn(source.pk_column)
-        ex = self.qn(EXECUTION_TABLE)
+        qn = self.qn
+        table, pk = qn(source.table), qn(source.pk_column)
+        ex = qn(EXECUTION_TABLE)
+        constant = self.literal  # (DDL: no parameters)
         insert = self.insert_ignore(
             EXECUTION_TABLE, self.EXECUTION_COLUMNS,
             f"SELECT {self.pending_row_values(source, 'n')} FROM new_rows n")
 
         def notify(rows: str) -> str:
-            return (f"PERFORM pg_notify('{NOTIFY_CHANNEL}', w) FROM "
-                    f"(SELECT DISTINCT {source.worker('n')} AS w FROM {rows} n) notified;")
+            return (f"PERFORM pg_notify({self.literal(NOTIFY_CHANNEL)}, w) FROM "
+                    f"(SELECT DISTINCT {source.worker('n', constant)} AS w FROM {rows} n) notified;")
 
         update_body = notify("new_rows")
         if source.rerun_on:
             def changed(column: str) -> str:
-                return f"o.{self.qn(column)} IS DISTINCT FROM n.{self.qn(column)}"
+                return f"o.{qn(column)} IS DISTINCT FROM n.{qn(column)}"
 
             any_changed = " OR ".join(changed(c) for c in source.rerun_on)
             update_body = (
                 f"UPDATE {ex} e SET {self.rerun_set_sql(source, changed, 'e.')} "
                 f"FROM new_rows n JOIN old_rows o ON o.{pk} = n.{pk} "
-                f"WHERE e.worker = {source.worker('n')} "
+                f"WHERE e.worker = {source.worker('n', constant)} "
                 f"AND e.source_id = {self.text_key_sql(f'n.{pk}')} "
                 f"AND {self.rerun_where_sql('e.')} AND ({any_changed});\n  " + update_body)
+        delete_body = (f"DELETE FROM {ex} e USING old_rows o\n"
+                       f"   WHERE e.worker = {source.worker('o', constant)} "
+                       f"AND e.source_id = {self.text_key_sql(f'o.{pk}')}\n"
+                       "     AND e.status <> 'working';")
+
+        def function(name: str, body: str) -> str:
+            code = f"BEGIN\n  {body}\n  RETURN NULL;\nEND"
+            return (f"CREATE OR REPLACE FUNCTION {qn(name)}() RETURNS trigger "
+                    f"LANGUAGE plpgsql AS {_dollar_quoted(code)}")
+
         return [
-            f"""CREATE OR REPLACE FUNCTION {names.insert}() RETURNS trigger LANGUAGE plpgsql AS $f$
-BEGIN
-  {insert};
-  {notify("new_rows")}
-  RETURN NULL;
-END $f$""",
-            f"DROP TRIGGER IF EXISTS {names.insert} ON {table}",
-            f"CREATE TRIGGER {names.insert} AFTER INSERT ON {table} "
-            f"REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {names.insert}()",
+            function(names.insert, f'{insert};\n  {notify("new_rows")}'),
+            f"DROP TRIGGER IF EXISTS {qn(names.insert)} ON {table}",
+            f"CREATE TRIGGER {qn(names.insert)} AFTER INSERT ON {table} REFERENCING NEW TABLE "
+            f"AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {qn(names.insert)}()",
             # Removed source rows take their history along, except a row a handler holds:
             # that one ends FAILED (source deleted) when the child cannot load it.
-            f"""CREATE OR REPLACE FUNCTION {names.delete}() RETURNS trigger LANGUAGE plpgsql AS $f$
-BEGIN
-  DELETE FROM {ex} e USING old_rows o
-   WHERE e.worker = {source.worker('o')} AND e.source_id = {self.text_key_sql(f"o.{pk}")}
-     AND e.status <> 'working';
-  RETURN NULL;
-END $f$""",
-            f"DROP TRIGGER IF EXISTS {names.delete} ON {table}",
-            f"CREATE TRIGGER {names.delete} AFTER DELETE ON {table} "
-            f"REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {names.delete}()",
+            function(names.delete, delete_body),
+            f"DROP TRIGGER IF EXISTS {qn(names.delete)} ON {table}",
+            f"CREATE TRIGGER {qn(names.delete)} AFTER DELETE ON {table} REFERENCING OLD TABLE "
+            f"AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {qn(names.delete)}()",
             # An UPDATE can make a row eligible (uploaded = true): wake idle coordinators;
             # with rerun_on, a changed column makes a finished or failed row pending again.
-            f"""CREATE OR REPLACE FUNCTION {names.update}() RETURNS trigger LANGUAGE plpgsql AS $f$
-BEGIN
-  {update_body}
-  RETURN NULL;
-END $f$""",
-            f"DROP TRIGGER IF EXISTS {names.update} ON {table}",
-            f"CREATE TRIGGER {names.update} AFTER UPDATE ON {table} "
+            function(names.update, update_body),
+            f"DROP TRIGGER IF EXISTS {qn(names.update)} ON {table}",
+            f"CREATE TRIGGER {qn(names.update)} AFTER UPDATE ON {table} "
             f"REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION {names.update}()",
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {qn(names.update)}()",
         ]
 
     def trigger_names(self, source: TriggerSource) -> list[str]:
         return list(source.names.all())
 
     def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
-        return [f"DROP TRIGGER IF EXISTS {trigger} ON {self.qn(table)}",
-                f"DROP FUNCTION IF EXISTS {trigger}()"]
+        return [f"DROP TRIGGER IF EXISTS {self.qn(trigger)} ON {self.qn(table)}",
+                f"DROP FUNCTION IF EXISTS {self.qn(trigger)}()"]
 
     def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         return ("SELECT t.tgname, c.relname FROM pg_trigger t "
@@ -237,6 +239,15 @@ END $f$""",
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE NOT t.tgisinternal AND t.tgname = ANY(%s) "
                 "AND n.nspname = ANY(current_schemas(false))", [list(names)])
+
+
+def _dollar_quoted(body: str) -> str:
+    """A function body between dollar quotes whose tag the body does not contain (a
+    column name holding "$f$" would otherwise end the body early)."""
+    n = 0
+    while (tag := f"$f{n or ''}$") in body:
+        n += 1
+    return f"{tag}\n{body} {tag}"
 
 
 def _idle_milliseconds(lease_seconds: float) -> int:

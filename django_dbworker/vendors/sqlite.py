@@ -16,6 +16,7 @@ class SQLite(Vendor):
     claim_mode = "conditional UPDATE"
     claim_strategy = ordered_claim_strategy = "immediate_then_update"
     row_locks = ""
+    autocommit_engine = True
     sqlalchemy_driver = "sqlite"
 
     def is_lock_contention(self, exc: BaseException) -> bool:
@@ -87,10 +88,10 @@ class SQLite(Vendor):
         return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 
     def now_plus_sql(self, seconds: float) -> str:
-        return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '+{float(seconds):.3f} seconds')"
+        return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '{float(seconds):+.3f} seconds')"
 
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
-        return f"strftime('%Y-%m-%d %H:%M:%f', {column_sql}, '+{float(seconds):.3f} seconds')"
+        return f"strftime('%Y-%m-%d %H:%M:%f', {column_sql}, '{float(seconds):+.3f} seconds')"
 
     def false_sql(self) -> str:
         return "0"

@@ -83,3 +83,30 @@ class SignalSeen(models.Model):
     kind = models.CharField(max_length=50)
     key = models.CharField(max_length=100)
     pid = models.IntegerField()
+
+
+# tests/test_hostile_names.py: names that end an identifier or a string early wherever
+# they reach SQL unquoted. Hostile: quotes, a backslash (an escape on MySQL), a semicolon,
+# a comment and PostgreSQL's function-body quote, as Django itself can create them (its
+# quote_name doubles nothing, so neither holds the database's own identifier quote).
+HOSTILE_TABLE = "dbw o'brien\\; DROP--$f$"
+HOSTILE_COLUMN = "it's\\;--$f$ x"
+# ... and with every database's identifier quote too (" and `): Django cannot create or
+# query that table, so the test does, with the vendor's quoting.
+QUOTED_TABLE = "weird\"; DROP--`o'brien\\"
+QUOTED_COLUMN = "ti\"t`le's\\"
+
+
+class Hostile(models.Model):
+    title = models.CharField(max_length=100, default="", db_column=HOSTILE_COLUMN)
+
+    class Meta:
+        db_table = HOSTILE_TABLE
+
+
+class HostileQuoted(models.Model):
+    title = models.CharField(max_length=100, default="", db_column=QUOTED_COLUMN)
+
+    class Meta:
+        db_table = QUOTED_TABLE
+        managed = False

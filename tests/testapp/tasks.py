@@ -97,3 +97,45 @@ def commit_inside():
 def ordered(key):
     effect("task.ordered", key)
     return key
+
+
+@task(queue_name="crashes")
+def crash(key):
+    """Kills its child every time (the queue retries: MAX_ATTEMPTS 2, RETRY_BACKOFF 1)."""
+    effect("task.crash", key)  # never committed
+    os._exit(3)
+
+
+@task(takes_context=True)
+def sees_its_start(context):
+    """Whether another connection sees this task's task_started record (tests/testapp/
+    signals.py) while the task runs: that is, whether the record was committed."""
+    from threading import Thread
+
+    from django.db import connection
+
+    from .models import SignalSeen
+
+    seen = []
+
+    def look():
+        try:
+            seen.append(SignalSeen.objects.filter(
+                kind="started", key__startswith=f"{context.task_result.id}:").exists())
+        finally:
+            connection.close()
+
+    thread = Thread(target=look)
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+@task()
+def returns_nan():
+    return {"ratio": float("nan")}
+
+
+@task()
+def ignore(*args, **kwargs):
+    """Takes anything and does nothing with it (tests of what enqueue() accepts)."""

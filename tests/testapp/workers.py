@@ -258,3 +258,23 @@ def rerun_stale(link: Link):
 def retry_later(tag: Tag):
     effect("retry_later", tag.pk)
     raise RuntimeError("fails; retried an hour later")
+
+
+# -- tests/test_poison.py: one row that kills its child every time, among many ---------------
+@worker(name="poison", source=FaultJob, retry_backoff=0.2,
+        eligible=lambda: FaultJob.objects.filter(behaviour__startswith="poison"))
+def poison(job: FaultJob):
+    if job.behaviour == "poison":
+        os._exit(3)
+    return Finished()
+
+
+# -- tests/test_one_clock.py: a coordinator whose host clock is two hours fast -------------
+@worker(name="clock", source=FaultJob, max_attempts=2, retry_backoff=0.5,
+        eligible=lambda: FaultJob.objects.filter(behaviour__startswith="clock"))
+def clock(job: FaultJob):
+    from django_dbworker.child import current_attempt
+
+    if job.behaviour == "clock_flaky" and current_attempt().number == 1:
+        raise RuntimeError("fails once; retried 0.5 s later on the database's clock")
+    return Finished()

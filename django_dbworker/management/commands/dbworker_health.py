@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
-from django_dbworker import conf
+from django_dbworker import clock, conf
 from django_dbworker.dashboard import Dashboard, format_age
 from django_dbworker.registry import registry
 
@@ -26,7 +25,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         names = [registry[n].name for n in options["workers"]] if options["workers"] else list(registry)
-        d = Dashboard.collect(conf.value("DATABASE"), timezone.now())
+        database = conf.value("DATABASE")
+        d = Dashboard.collect(database, clock.now(database))
         served = {w for c in d.coordinators if c.live for w in c.workers}
         by_name = {w.name: w for w in d.workers}
         problems = []

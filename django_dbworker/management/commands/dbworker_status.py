@@ -8,9 +8,8 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.utils import timezone
 
-from django_dbworker import conf
+from django_dbworker import clock, conf
 from django_dbworker.dashboard import Dashboard, format_age
 from django_dbworker.status import ExecutionStatus
 
@@ -22,7 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        now = timezone.now()
+        now = clock.now(conf.value("DATABASE"))
         d = Dashboard.collect(conf.value("DATABASE"), now)
         report = {
             "time": now.isoformat(),

@@ -6,9 +6,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
-from django_dbworker import conf
+from django_dbworker import clock, conf
 from django_dbworker.status import ExecutionStatus
 
 
@@ -34,7 +33,7 @@ class Command(BaseCommand):
         statuses = {"finished": [ExecutionStatus.FINISHED], "failed": [ExecutionStatus.FAILED],
                     "both": [ExecutionStatus.FINISHED, ExecutionStatus.FAILED]}[options["status"]]
         database = conf.value("DATABASE")
-        cutoff = timezone.now() - timedelta(days=options["older_than"])
+        cutoff = clock.now(database) - timedelta(days=options["older_than"])
         # Ended tasks only: a READY or RUNNING task is never pruned, however old.
         ended = Execution.objects.using(database).filter(
             worker__startswith="tasks.", status__in=statuses, finished_at__lt=cutoff)

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbworker.coordinator import Coordinator
-from django_dbworker.options import WAIT_FOR_DATABASE_SECONDS
+from django_dbworker.options import METRICS_HOST, WAIT_FOR_DATABASE_SECONDS
 from django_dbworker.registry import UnknownWorker
 from django_dbworker.vendors import UnsupportedDatabase
 
@@ -65,6 +65,11 @@ class Command(BaseCommand):
                             help="Log a status line this often (default 60).")
         parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                             help="Serve Prometheus /metrics, /healthz and /readyz on this port.")
+        parser.add_argument("--metrics-host", default=METRICS_HOST, metavar="ADDRESS",
+                            help=f"The address --metrics-port listens on (default {METRICS_HOST}: "
+                                 "every interface, for Prometheus and Kubernetes probes from "
+                                 "outside; the endpoints are read-only and unauthenticated, "
+                                 "so use 127.0.0.1 when only this machine scrapes).")
         parser.add_argument("--no-schedules", action="store_false", dest="schedules",
                             help="Enqueue no schedule's slots here (run schedules on other "
                                  "machines only). Any number of coordinators may enqueue them: "
@@ -108,6 +113,7 @@ class Command(BaseCommand):
                 wait_for_database=options["wait_for_database"],
                 schedules=options["schedules"],
                 metrics_port=options["metrics_port"],
+                metrics_host=options["metrics_host"],
             )
             if options["drain"]:
                 with self._signals(coordinator):
