@@ -145,3 +145,26 @@ def _check_schedules(declared: Any) -> list[Error]:
         if problem:
             errors.append(Error(problem, hint="See docs/schedules.md.", id=ID.format("E031")))
     return errors
+
+
+@register()
+def check_task_backends_without_the_backport_app(app_configs: Any = None,
+                                                 **kwargs: Any) -> list[Any]:
+    """On Django 5.2 the django-tasks backport checks task backends only when
+    ``"django_tasks"`` is in INSTALLED_APPS. Without it, this app's backends are checked
+    here (E020-E023: a hostile queue name is refused either way). Django 6 checks them
+    itself."""
+    from importlib.util import find_spec
+
+    from django.apps import apps
+
+    from .tasks.queues import backends
+
+    if find_spec("django.tasks") is not None or apps.is_installed("django_tasks"):
+        return []
+    aliases = [alias for alias, _ in backends()]
+    if not aliases:
+        return []
+    from .tasks.compat import task_backends
+
+    return [message for alias in aliases for message in task_backends[alias].check()]
