@@ -29,17 +29,20 @@ from sqlalchemy.engine import URL, Connection, Engine
 from . import conf, failpoints
 from .changewait import ChangeWait
 from .errors import exception_path
-from .models import CoordinatorHeartbeat, Execution, WorkerPause
+from .models import CoordinatorHeartbeat, WorkerPause
 from .protocol import Claim
-from .registry import Worker
+from .registry import Worker, registry
 from .retry import RetryDecision
 from .status import ExecutionStatus
+from .store import transitions
+from .store.session import OnEngine
+from .store.tables import execution_table
 from .vendors import NOTIFY_CHANNEL, Vendor, for_connection
 
 logger = logging.getLogger("django_dbworker.coordinator")
 
 WORKING = ExecutionStatus.WORKING.value
-LONG_AGO = datetime(2000, 1, 1)  # an ended lease (naive: every driver takes it)
+FAILED_FOR_GOOD = RetryDecision(ExecutionStatus.FAILED, None)
 # Django-only keys of DATABASES[...]["OPTIONS"] that database drivers do not accept.
 DJANGO_ONLY_OPTIONS = {
     "isolation_level", "server_side_binding", "pool", "assume_role", "transaction_mode",
@@ -200,7 +203,7 @@ class Bridge:
         self.vendor: Vendor = for_connection(connections[self.alias])
         self.engine = engine_for(self.alias, self.lease_seconds)
         self.metadata = sa.MetaData()
-        self.execution = sa.Table(Execution._meta.db_table, self.metadata, autoload_with=self.engine)
+        self.execution = execution_table()
         self.heartbeats = sa.Table(
             CoordinatorHeartbeat._meta.db_table, self.metadata, autoload_with=self.engine
         )
@@ -225,9 +228,6 @@ class Bridge:
     def now(self) -> sa.ColumnElement[Any]:
         return sa.literal_column(self.vendor.now_sql())
 
-    def lease_expiry(self) -> sa.ColumnElement[Any]:
-        return sa.literal_column(self.vendor.now_plus_sql(self.lease_seconds))
-
     def source_table(self, worker: Worker) -> sa.Table:
         if worker.table not in self._sources:
             self._sources[worker.table] = sa.Table(
@@ -244,13 +244,7 @@ class Bridge:
         return self.execution.c.source_id if sql == column else sa.literal_column(sql)
 
     def _locked(self, select: sa.Select[Any]) -> sa.Select[Any]:
-        """``select`` locking the Execution rows it returns, skipping rows others hold:
-        nobody ever waits for a row another process has locked."""
-        if self.vendor.row_locks == "of_table":
-            return select.with_for_update(skip_locked=True, of=self.execution)
-        if self.vendor.row_locks == "rows":
-            return select.with_for_update(skip_locked=True)
-        return select  # one writer at a time (SQLite): the UPDATEs re-check instead
+        return transitions.locked(self.vendor, select)
 
     def eligible_sql(self, worker: Worker) -> EligibleSql | None:
         """The worker's eligible() as Django compiles it now (None: every row is)."""
@@ -331,19 +325,6 @@ class Bridge:
             clauses.append(clause)
         return clauses
 
-    def _claim_values(self) -> dict[str, Any]:
-        e = self.execution
-        return {
-            "status": WORKING,
-            "claim_token": sa.bindparam(TOKEN),
-            "lease_expires_at": self.lease_expiry(),
-            "attempts": e.c.attempts + 1,
-            "started_at": self.now(),
-            "updated_at": self.now(),
-            "claimed_by": sa.bindparam(CLAIMER),
-            "rerun_requested": sa.false(),  # (a literal: no bind parameter to convert)
-        }
-
     # -- claiming -----------------------------------------------------------------------
     def claim(self, worker: Worker, limit: int, claimer: str) -> list[Claim]:
         """Claim up to ``limit`` rows for ``worker``; no two processes get the same row."""
@@ -402,7 +383,7 @@ class Bridge:
         stmt, custom_order = self._candidates(worker, limit, eligible)
         floored = not worker.prioritized and not custom_order
         strategy = self.vendor.ordered_claim_strategy if custom_order else self.vendor.claim_strategy
-        values = self._claim_values()
+        values = transitions.claimed_values(self.vendor, self.lease_seconds)
         ids = e.c.id.in_(sa.bindparam(IDS, expanding=True))
         update: Any
         if strategy == "returning":
@@ -535,166 +516,92 @@ class Bridge:
             return None
         return (_as_datetime(due) - _as_datetime(now)).total_seconds()
 
-    def due_rows(self, worker: Worker, limit: int = 1000) -> sa.Select[Any]:
-        e = self.execution
-        return (sa.select(e.c.id)
-                .where(e.c.waiting_worker == worker.name, e.c.next_attempt_at <= self.now())
-                .order_by(e.c.next_attempt_at).limit(limit))
-
     def promote_due(self, worker: Worker) -> int:
-        """Rows whose due time has come become claimable: a retry after its back-off, a
-        task after its run_after, a finished row of a rerun_every worker (PENDING again,
-        "stale"). Returns how many."""
-        e = self.execution
-        due = sa.and_(e.c.waiting_worker == worker.name, e.c.next_attempt_at <= self.now())
-        finished = e.c.status == ExecutionStatus.FINISHED.value
-        # In this order: MySQL evaluates SET left to right, each seeing the ones before it
-        # (the reason reads the old status, ready_at the old due time).
-        values = [
-            ("rerun_reason", sa.case((finished, "stale"), else_=e.c.rerun_reason)),
-            ("ready_at", e.c.next_attempt_at),
-            ("status", sa.case((finished, ExecutionStatus.PENDING.value), else_=e.c.status)),
-            ("next_attempt_at", None),
-            ("updated_at", self.now()),
-        ]
-        with self.engine.begin() as conn:
-            # In the waiting index's order (earliest due first: never a sort of the due
-            # rows), skipping rows another coordinator promotes right now.
-            ids = conn.execute(self._locked(self.due_rows(worker))).scalars().all()
-            if not ids:
-                return 0
-            return conn.execute(sa.update(e).where(due, e.c.id.in_(ids))
-                                .ordered_values(*values)).rowcount or 0
+        """Rows whose due time has come become claimable (transitions.promote)."""
+        with self.writing() as conn:
+            return transitions.promote(self.session(conn), worker.name)
 
     # -- leases -------------------------------------------------------------------------
+    def session(self, conn: Connection) -> OnEngine:
+        return OnEngine(conn, self.vendor)
+
     def renew(self, claims: Iterable[Claim]) -> int:
         """Push the lease of rows this coordinator still holds; returns how many."""
         claims = list(claims)
         if not claims:
             return 0
-        e = self.execution
         with self.engine.begin() as conn:
-            result = conn.execute(
-                sa.update(e)
-                .where(
-                    e.c.id.in_([c.execution_id for c in claims]),
-                    e.c.claim_token.in_({c.token for c in claims}),
-                    e.c.status == WORKING,
-                )
-                .values(lease_expires_at=self.lease_expiry(), updated_at=self.now())
-            )
-            return result.rowcount or 0
+            return transitions.renew(self.session(conn), claims, self.lease_seconds)
 
     def release(self, claim: Claim, decision: RetryDecision | None = None,
                 error: tuple[str, str] | None = None, *, crashed: bool = False) -> bool:
         """End this claim, if it still holds the row; True if it did.
 
-        Without ``decision`` the handler never started: the row returns to its previous
-        status and attempt count, claimable at once. With one, the attempt counts and the
-        retry policy's decision says what the row becomes; ``error`` (type, message)
-        records why; ``crashed``: its process died while it ran (counted in ``crashes``).
+        Without ``decision`` the handler never started: the claim is undone
+        (transitions.release). With one, the attempt ended without its handler's answer
+        (a timeout; ``crashed``: its process died) and the retry policy's decision says
+        what the row becomes (transitions.fail_or_retry); ``error`` (type, message)
+        records why.
         """
-        e = self.execution
-        values: dict[str, Any] = {"claim_token": None, "lease_expires_at": None,
-                                  "claimed_by": None, "rerun_requested": False,
-                                  "updated_at": self.now()}
-        if decision is None:
-            values["status"] = (claim.previous_status if claim.previous_status != WORKING
-                                else ExecutionStatus.UNFINISHED.value)
-            values["attempts"] = e.c.attempts - 1
-        else:
-            values.update(self.decided(decision))
-        if crashed:
-            values["crashes"] = e.c.crashes + 1
-        if error is not None:
-            values.update(error_type=error[0], error_message=error[1], error_traceback="")
-        held = sa.and_(e.c.id == claim.execution_id, e.c.claim_token == claim.token,
-                       e.c.status == WORKING)
-        w = self._recording(claim.worker) if decision is not None and error else None
+        w = registry.get(claim.worker)
+        recording = w if w is not None and w.records_interruptions and decision and error else None
         # (The release and the task's record of the attempt commit together.)
         with self.writing() as conn:
-            began = (conn.execute(sa.select(e.c.started_at, e.c.claimed_by).where(held)).first()
-                     if w is not None else None)
-            released = bool(conn.execute(sa.update(e).where(held).values(**values)).rowcount)
-            if released and w is not None and began is not None:
-                assert decision is not None and error is not None
-                w.on_interrupted(conn, self.source_table(w), claim.source_id, claim.attempt,
-                                 error, not decision.retried, began.started_at,
-                                 began.claimed_by, self.now())
-        if released and w is not None:
-            assert decision is not None
-            w.after_interrupted(claim.source_id, not decision.retried)
+            session = self.session(conn)
+            if decision is None:
+                return transitions.release(session, claim, claim.previous_status)
+            began = None
+            if recording is not None:
+                e = self.execution
+                began = conn.execute(sa.select(e.c.started_at, e.c.claimed_by)
+                                     .where(transitions.held([claim]))).first()
+            failure = {"error_type": error[0], "error_message": error[1]} if error else {
+                "error_type": "", "error_message": ""}
+            released = bool(transitions.fail_or_retry(
+                session, transitions.held([claim]), decision, failure,
+                crashes="count" if crashed else "keep",
+                rerun_on=bool(w is not None and w.rerun_on)))
+            if released and recording is not None and began is not None:
+                assert error is not None
+                recording.on_interrupted(conn, self.source_table(recording), claim.source_id,
+                                         claim.attempt, error, not decision.retried,
+                                         began.started_at, began.claimed_by, self.now())
+        if released and recording is not None:
+            recording.after_interrupted(claim.source_id, not decision.retried)
         return released
-
-    def decided(self, decision: RetryDecision) -> dict[str, Any]:
-        """The Execution fields a retry decision writes, its times on the database's
-        clock."""
-        if decision.retried:
-            due: Any = (None if decision.delay is None
-                        else sa.literal_column(self.vendor.now_plus_sql(decision.delay)))
-            return {"status": decision.status.value, "next_attempt_at": due}
-        return {"status": decision.status.value, "next_attempt_at": None,
-                "finished_at": self.now()}
-
-    @staticmethod
-    def _recording(worker: str) -> Worker | None:
-        """The worker, when it keeps its own record of attempts the coordinator ends
-        (task queues keep each attempt's error on their Task row)."""
-        from .registry import registry
-
-        w = registry.get(worker)
-        return w if w is not None and w.records_interruptions else None
 
     def recover_expired(self, worker: Worker) -> int:
         """Make WORKING rows whose lease expired claimable again (their holder is gone),
-        or FAILED, as the worker's retry policy decides for an interrupted attempt.
-
-        A stale holder that wakes up later cannot commit: its token no longer matches.
-        """
-        e = self.execution
-        expired = sa.and_(
-            e.c.worker == worker.name, e.c.status == WORKING, e.c.lease_expires_at < self.now()
-        )
+        or FAILED, as the worker's retry policy decides for an interrupted attempt
+        (transitions.recover); a row whose source row was deleted meanwhile fails."""
         src = self.source_table(worker)
-        source_exists = sa.exists().where(src.c[worker.pk_column] == self.source_key(worker))
-        # Locked in id order, skipping any row a frozen holder still has locked in an open
-        # transaction: recovery never waits on a dead process, and two coordinators
-        # recovering at once never deadlock.
-        select = self._locked(sa.select(e.c.id, e.c.source_id, e.c.attempts, e.c.started_at,
-                                        e.c.claimed_by, source_exists.label("present"))
-                              .where(expired).order_by(e.c.id))
-        common = {"claim_token": None, "lease_expires_at": None, "claimed_by": None,
-                  "rerun_requested": False, "error_traceback": "", "updated_at": self.now()}
-        recovered = 0
+        present = sa.exists().where(src.c[worker.pk_column] == self.source_key(worker))
+
+        def decide(row: Any) -> tuple[RetryDecision, dict[str, str]]:
+            if not row.present:  # deleted while claimed: nothing can load it
+                return FAILED_FOR_GOOD, {
+                    "error_type": exception_path(worker.source.DoesNotExist),  # type: ignore[attr-defined]
+                    "error_message": "The source row was deleted while it was claimed."}
+            return worker.retry_policy.after_interruption(row.attempts), {
+                "error_type": "LeaseExpired",
+                "error_message": "The claim's lease expired before the handler finished "
+                                 "(its process or machine stopped?)"}
+
         ended: list[tuple[str, bool]] = []  # (source id, final) recorded by the worker
         with self.writing() as conn:
-            for row in conn.execute(select).all():
-                # (The UPDATE re-checks: where rows are not locked, the holder may have
-                # committed since the SELECT.)
-                values, decision = self._expired_values(worker, row)
-                done = conn.execute(sa.update(e).where(expired, e.c.id == row.id)
-                                    .values(**common, **values)).rowcount or 0
-                if done and decision is not None and worker.records_interruptions:
+            changed = transitions.recover(self.session(conn), worker.name, present=present,
+                                          decide=decide, rerun_on=bool(worker.rerun_on))
+            for row, decision in changed:
+                if worker.records_interruptions and row.present:
                     final = not decision.retried
-                    worker.on_interrupted(conn, self.source_table(worker), row.source_id,
-                                          row.attempts, (values["error_type"],
-                                                         values["error_message"]),
+                    _, error = decide(row)
+                    worker.on_interrupted(conn, src, row.source_id, row.attempts,
+                                          (error["error_type"], error["error_message"]),
                                           final, row.started_at, row.claimed_by, self.now())
                     ended.append((row.source_id, final))
-                recovered += done
         for source_id, final in ended:
             worker.after_interrupted(source_id, final)
-        return recovered
-
-    def _expired_values(self, worker: Worker, row: Any) -> tuple[dict[str, Any], RetryDecision | None]:
-        if not row.present:  # its source row was deleted while claimed: none can load it
-            return {"status": ExecutionStatus.FAILED.value, "finished_at": self.now(),
-                    "error_type": exception_path(worker.source.DoesNotExist),  # type: ignore[attr-defined]
-                    "error_message": "The source row was deleted while it was claimed."}, None
-        decision = worker.retry_policy.after_interruption(row.attempts)
-        return {**self.decided(decision), "error_type": "LeaseExpired",
-                "error_message": "The claim's lease expired before the handler finished "
-                                 "(its process or machine stopped?)"}, decision
+        return len(changed)
 
     # -- coordinators -------------------------------------------------------------------
     def register_coordinator(self, host: str, namespace: str, pid: int,
@@ -733,16 +640,7 @@ class Bridge:
         return [r.pid for r in dead]
 
     def _end_leases(self, conn: Connection, claimers: list[str]) -> None:
-        # WORKING rows only (the status index), locked in id order and skipping rows
-        # another coordinator is ending right now: two coordinators that find the same
-        # dead one never deadlock.
-        e = self.execution
-        held = sa.and_(e.c.status == WORKING, e.c.claimed_by.in_(claimers))
-        ids = conn.execute(self._locked(sa.select(e.c.id).where(held).order_by(e.c.id))
-                           ).scalars().all()
-        if ids:
-            conn.execute(sa.update(e).where(held, e.c.id.in_(ids))
-                         .values(lease_expires_at=LONG_AGO))
+        transitions.end_leases(self.session(conn), claimers)
 
     def heartbeat(self, coordinator_id: int) -> None:
         h = self.heartbeats
@@ -762,7 +660,8 @@ class Bridge:
         try:
             if self._probe is None:  # (connecting fails with the driver's error, too)
                 raw = self.engine.raw_connection()
-                self._set_autocommit(raw.driver_connection)
+                # Each probe sees the latest commits (and holds no snapshot open).
+                self.vendor.set_autocommit(raw.driver_connection)
                 self._probe = raw
             quick = self.vendor.unchanged_probe_sql()
             if quick is not None and self._probe_token is not None and (
@@ -774,16 +673,6 @@ class Bridge:
             raise sa.exc.OperationalError("change probe", None, exc) from exc
         self._probe_token = row
         return row
-
-    @staticmethod
-    def _set_autocommit(connection: Any) -> None:
-        # Each probe sees the latest commits (and holds no snapshot open).
-        if callable(getattr(connection, "autocommit", None)):
-            connection.autocommit(True)  # MySQLdb
-        elif hasattr(connection, "autocommit"):
-            connection.autocommit = True  # psycopg
-        else:
-            connection.isolation_level = None  # sqlite3
 
     # -- what operations ask -------------------------------------------------------------
     def paused_workers(self) -> set[str]:

@@ -167,6 +167,10 @@ def _set_up(worker_name: str, handler_path: str, databases: dict[str, str]) -> A
     import_module(module_name)  # registers the worker if no workers.py did
     from .registry import registry
 
+    # The store, imported and its table built here, not by the first row's commit.
+    from .store.tables import execution_table
+
+    execution_table()
     worker = registry[worker_name]
     if worker.handler_path != handler_path:
         raise RuntimeError(
@@ -375,21 +379,6 @@ def _checked(worker: Any, outcome: Any) -> Any:
     return outcome
 
 
-def _held_guard(rows: Sequence[Delivery]) -> Any:
-    """Rows still held by these claims: each id with its own claim token, still working."""
-    from django.db.models import Q
-
-    from .status import ExecutionStatus
-
-    by_token: dict[str, list[int]] = {}
-    for _, execution_id, _, token, _ in rows:
-        by_token.setdefault(token, []).append(execution_id)
-    guard = Q()
-    for token, ids in by_token.items():
-        guard |= Q(id__in=ids, claim_token=token)
-    return guard & Q(status=ExecutionStatus.WORKING)
-
-
 def _lost_claims(alias: str, rows: Sequence[Delivery]) -> frozenset[int]:
     """After the group rolled back: which of its deliveries no claim of ours holds any
     more (rows that would only run to a lost claim again). Empty if the database cannot
@@ -399,37 +388,11 @@ def _lost_claims(alias: str, rows: Sequence[Delivery]) -> frozenset[int]:
     from .models import Execution
 
     try:
-        held = set(Execution.objects.using(alias).filter(_held_guard(rows))
+        held = set(Execution.objects.using(alias).held_by_any(rows)
                    .values_list("id", flat=True))
     except DatabaseError:
         return frozenset()
-    return frozenset(r[0] for r in rows if r[1] not in held)
-
-
-def _per_row(alias: str, items: Sequence[tuple[Delivery, float]]) -> Any:
-    """A time that differs per row (given in seconds from now, on the database's clock),
-    in the one UPDATE that writes a group's outcomes.
-
-    Raw ``CASE id WHEN .. THEN ..`` (the same on every database) rather than Case/When:
-    the ORM resolves a When per row, and for a group of quick rows that cost more than
-    the handlers themselves (a third of drain throughput, measured)."""
-    from django.db import connections
-    from django.db.models import DateTimeField
-    from django.db.models.expressions import RawSQL
-
-    from .vendors import for_connection
-    from .vendors.base import orm_sql
-
-    vendor = for_connection(connections[alias])
-    if len(items) == 1:
-        return vendor.now_expression(items[0][1])
-    params: list[Any] = []
-    whens = []
-    for row, seconds in items:
-        params.append(row[1])
-        whens.append(f"WHEN %s THEN {orm_sql(vendor.now_plus_sql(seconds))}")
-    return RawSQL(f"CASE {vendor.qn('id')} {' '.join(whens)} END", params,
-                  output_field=DateTimeField())
+    return frozenset(r.seq for r in rows if r.execution_id not in held)
 
 
 def _write_outcomes(worker: Any, alias: str,
@@ -439,22 +402,19 @@ def _write_outcomes(worker: Any, alias: str,
     the database's clock says when that was."""
     from django.utils import timezone
 
-    from .models import Execution
+    from .outcomes import Unfinished
+    from .store import transitions
+    from .store.session import OnDjango
+    from .store.transitions import Ended
 
-    rows = [row for row, _, _, _ in items]
     at = timezone.now()
-    values = outcome_values(items[0][1], alias)
-    values["started_at"] = _per_row(alias, [(row, _since(started, at))
-                                            for row, _, started, _ in items])
-    if "finished_at" in values:
-        values["finished_at"] = _per_row(alias, [(row, _since(finished, at))
-                                                 for row, _, _, finished in items])
-    if worker.rerun_every is not None and "finished_at" in values:  # stale that long after
-        every = worker.rerun_every.total_seconds()
-        values["next_attempt_at"] = _per_row(alias, [(row, every + _since(finished, at))
-                                                     for row, _, _, finished in items])
-    values = rerun_aware(values, worker)
-    return Execution.objects.using(alias).filter(_held_guard(rows)).update(**values)
+    ended = [Ended(row.execution_id, row.token, _since(started, at), _since(finished, at))
+             for row, _, started, finished in items]
+    session = OnDjango(alias)
+    if isinstance(items[0][1], Unfinished):
+        return transitions.continue_later(session, ended, rerun_on=bool(worker.rerun_on))
+    every = worker.rerun_every.total_seconds() if worker.rerun_every is not None else None
+    return transitions.finish(session, ended, rerun_on=bool(worker.rerun_on), rerun_every=every)
 
 
 def _since(then: datetime, at: datetime) -> float:
@@ -526,109 +486,36 @@ def _commit_outcome(worker: Any, alias: str, row: Delivery, source: Any, outcome
     return (DONE, row[0], outcome.status.value)
 
 
-def outcome_values(outcome: Any, alias: str) -> dict[str, Any]:
-    from .outcomes import Unfinished
-
-    now = database_now(alias)
-    values: dict[str, Any] = {
-        "status": outcome.status.value,
-        "claim_token": None,
-        "lease_expires_at": None,
-        "error_type": None,
-        "error_message": None,
-        "error_traceback": None,
-        "rerun_reason": None,
-        "crashes": 0,
-        "updated_at": now,
-    }
-    if isinstance(outcome, Unfinished):
-        values["attempts"] = 0  # progress: continuations do not use up retries
-        values["ready_at"] = now
-    else:
-        values["finished_at"] = now
-    return values
-
-
-def rerun_aware(values: dict[str, Any], worker: Any) -> dict[str, Any]:
-    """With rerun_on, a listed column that changed while the handler ran (the trigger
-    flags the row) makes it pending again instead of done: the change is not lost."""
-    if not worker.rerun_on:
-        return values
-    from django.db.models import Case, CharField, DateTimeField, F, Q, Value, When
-
-    flagged = Q(rerun_requested=True)
-    values = dict(values)
-    text, when = CharField(), DateTimeField()
-    values["status"] = Case(When(flagged, then=Value("pending")), default=Value(values["status"]),
-                            output_field=text)
-    due = values.get("next_attempt_at")
-    if due is not None:  # (rerun_every; else it stays NULL anyway)
-        values["next_attempt_at"] = Case(
-            When(flagged, then=Value(None, output_field=when)),
-            default=due if hasattr(due, "resolve_expression") else Value(due, output_field=when),
-            output_field=when)
-    # (A NULL with no type of its own would be text in a CASE: keep the reason, or NULL.)
-    values["rerun_reason"] = Case(When(flagged, then=F("rerun_reason")), default=None,
-                                  output_field=text)
-    # Last: MySQL assigns left to right, and the cases above read the flag.
-    values["rerun_requested"] = False
-    return values
-
-
 def record_failure(worker: Any, alias: str, row: Delivery, exc: BaseException,
                    started: datetime) -> str | None:
     """Record the error (the handler's writes are already rolled back) and what the retry
-    policy makes of it. Returns the new status, or None when the claim was lost."""
+    policy makes of it (transitions.fail_or_retry). Returns the new status, or None when
+    the claim was lost."""
     from django.db import transaction
     from django.utils import timezone
 
     from .errors import failure_fields
     from .models import Execution
     from .status import ExecutionStatus
+    from .store import transitions
+    from .store.session import OnDjango
 
     with transaction.atomic(using=alias):
-        held = Execution.objects.using(alias).held_by(row[1], row[3])
-        attempts = held.values_list("attempts", flat=True).first()
+        attempts = (Execution.objects.using(alias).held_by(row.execution_id, row.token)
+                    .values_list("attempts", flat=True).first())
         if attempts is None:
             return None
         decision = worker.retry_policy.after_failure(attempts)
         _enter(row)
-        worker.on_failure(alias, row[2], exc, final=not decision.retried)
-        began = _per_row(alias, [(row, _since(started, timezone.now()))])
-        values = rerun_aware({"claim_token": None, "lease_expires_at": None,
-                              "updated_at": database_now(alias), "started_at": began,
-                              "crashes": 0, **failure_fields(exc),
-                              **decided(alias, decision)}, worker)
-        if held.update(**values) != 1:
+        worker.on_failure(alias, row.source_id, exc, final=not decision.retried)
+        if transitions.fail_or_retry(OnDjango(alias), transitions.held([row]), decision,
+                                     failure_fields(exc), crashes="reset",
+                                     rerun_on=bool(worker.rerun_on),
+                                     started=_since(started, timezone.now())) != 1:
             return None
         outcome = "retried" if decision.retried else ExecutionStatus.FAILED.value
         _after_commit(alias, worker, row, outcome, exc, decision.delay)
         return outcome
-
-
-def database_now(alias: str) -> Any:
-    """Now on the database's clock, as an ORM expression."""
-    from django.db import connections
-
-    from .vendors import for_connection
-
-    return for_connection(connections[alias]).now_expression()
-
-
-def decided(alias: str, decision: Any) -> dict[str, Any]:
-    """The Execution fields a retry decision writes, its times on the database's clock
-    (what Bridge.decided writes on the coordinator's side)."""
-    from django.db import connections
-
-    from .vendors import for_connection
-
-    if not decision.retried:
-        return {"status": decision.status.value, "next_attempt_at": None,
-                "finished_at": database_now(alias)}
-    due = None
-    if decision.delay is not None:
-        due = for_connection(connections[alias]).now_expression(decision.delay)
-    return {"status": decision.status.value, "next_attempt_at": due}
 
 
 def _timed(timings: dict[int, tuple[float, float]] | None, row: Delivery, started: datetime,

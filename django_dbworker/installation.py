@@ -25,7 +25,6 @@ from django.db import connections
 from . import conf
 from .models import Execution, InstalledTrigger
 from .registry import Worker, registry
-from .status import ExecutionStatus
 from .vendors import (
     EXECUTION_TABLE,
     Bound,
@@ -161,19 +160,11 @@ def _drop_unwanted(vendor: Vendor, recorded: dict[str, InstalledTrigger],
 
 def _reconcile_rerun_every(vendor: Vendor, w: Worker) -> None:
     """Finished rows wait for their next run exactly when the worker has rerun_every."""
-    finished = Execution.objects.using(vendor.connection.alias).filter(
-        worker=w.name, status=ExecutionStatus.FINISHED)
-    if w.rerun_every is None:
-        finished.filter(waiting_worker=w.name).update(next_attempt_at=None)
-        return
-    from django.db.models.expressions import RawSQL
+    from .store import transitions
+    from .store.session import OnDjango
 
-    from .vendors.base import orm_sql
-
-    due = RawSQL(orm_sql(vendor.plus_seconds_sql(vendor.qn("finished_at"),
-                                                 w.rerun_every.total_seconds())), [])
-    finished.filter(next_attempt_at__isnull=True, finished_at__isnull=False).update(
-        next_attempt_at=due)
+    every = w.rerun_every.total_seconds() if w.rerun_every is not None else None
+    transitions.reschedule_finished(OnDjango(vendor.connection.alias), w.name, every)
 
 
 def _report_removed_workers(using: str, registered: set[str], report: Report) -> None:

@@ -34,21 +34,37 @@ class ExecutionQuerySet(models.QuerySet["Execution"]):
     def reset_failed(self) -> int:
         """FAILED -> UNFINISHED (claimable again), error and claim cleared. Returns how
         many rows changed. The one code path for every reset: API, admin, mixin."""
-        return self.failed().update(**self._fresh_start())
+        from .store.transitions import reset
+
+        return self._transition(reset, self.failed())
 
     def run_again(self) -> int:
         """FINISHED -> UNFINISHED: claimable again when eligible, from a clean slate.
         Returns how many rows changed; other statuses are left alone."""
-        return self.finished().update(**self._fresh_start())
+        from .store.transitions import run_again
 
-    @staticmethod
-    def _fresh_start() -> dict[str, Any]:
-        now = timezone.now()
-        return {"status": ExecutionStatus.UNFINISHED, "claim_token": None,
-                "lease_expires_at": None, "next_attempt_at": None, "attempts": 0, "crashes": 0,
-                "error_type": None, "error_message": None, "error_traceback": None,
-                "finished_at": None, "claimed_by": None, "rerun_requested": False,
-                "rerun_reason": None, "ready_at": now, "updated_at": now}
+        return self._transition(run_again, self.finished())
+
+    def _transition(self, transition: Any, rows: ExecutionQuerySet) -> int:
+        # The store's transition on these rows' ids, in one transaction; it re-checks
+        # each row's status as it changes it.
+        from django.db import transaction
+
+        from .store.session import OnDjango
+
+        with transaction.atomic(using=self.db):
+            ids = list(rows.values_list("pk", flat=True))
+            return int(transition(OnDjango(self.db), ids)) if ids else 0
+
+    def held_by_any(self, claims: Iterable[Any]) -> ExecutionQuerySet:
+        """The rows these claims (each with execution_id and token) still hold."""
+        by_token: dict[str, list[int]] = {}
+        for claim in claims:
+            by_token.setdefault(claim.token, []).append(claim.execution_id)
+        held = Q()
+        for token, ids in by_token.items():
+            held |= Q(id__in=ids, claim_token=token)
+        return self.filter(held, status=ExecutionStatus.WORKING)
 
     def held_by(self, execution_id: int, token: str) -> ExecutionQuerySet:
         """The row, only while this claim still holds it: the guard of every outcome write."""

@@ -13,7 +13,7 @@ in the coordinator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # -- child -> coordinator ------------------------------------------------------------------
 READY = "ready"  # (READY, pid): set-up done, send rows
@@ -35,7 +35,16 @@ SKIPPED = "skipped"  # never started (stopping, revoked, or the database went aw
 SLOT_SEQ, SLOT_STARTED, SLOT_REVOKE = 0, 1, 2
 SLOT_SIZE = 3
 
-Delivery = tuple[int, int, str, str, int]  # seq, execution id, source id, token, attempt
+class Delivery(NamedTuple):
+    """One claimed row sent to a child, under a sequence number unique in that child."""
+
+    seq: int
+    execution_id: int
+    source_id: str
+    token: str  # the claim's token: every write of the row's outcome is guarded by it
+    attempt: int  # this claim's attempt number
+
+
 Result = tuple[str, int, Any]  # kind, seq, detail
 
 
@@ -53,4 +62,4 @@ class Claim:
     worker: str = ""  # the worker's name
 
     def delivery(self, seq: int) -> Delivery:
-        return (seq, self.execution_id, self.source_id, self.token, self.attempt)
+        return Delivery(seq, self.execution_id, self.source_id, self.token, self.attempt)

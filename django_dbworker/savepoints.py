@@ -19,17 +19,13 @@ from typing import Any
 
 from django.db import DatabaseError, Error, connections, transaction
 
-TELLS_TRANSACTION_STATE = frozenset({"postgresql", "sqlite"})
-# libpq's PQtransactionStatus (psycopg 3's pq.TransactionStatus, psycopg2's constants):
-# IDLE, ACTIVE (a command still under way), INTRANS, INERROR. UNKNOWN (a broken
-# connection) says nothing about the handler: the next statement finds out.
-_PG_STATES = {0: "ended", 1: "busy", 2: "open", 3: "aborted"}
+from .vendors import for_connection
 
 
 def handler_block(alias: str, *, grouped: bool) -> AbstractContextManager[Any]:
     """The block one handler runs in: ``grouped`` (other rows share the transaction) gets
     a savepoint to roll back to, a row alone needs none (its transaction is its own)."""
-    if connections[alias].vendor not in TELLS_TRANSACTION_STATE:
+    if not for_connection(connections[alias]).tells_transaction_state:
         return transaction.atomic(using=alias)  # its RELEASE is the check
     return kept_savepoint(alias) if grouped else _transaction_checked(alias)
 
@@ -99,14 +95,7 @@ def _transaction_state(connection: Any) -> str | None:
     raw = connection.connection
     if raw is None:
         return "ended"
-    if connection.vendor == "postgresql":
-        info = getattr(raw, "info", None)  # psycopg 3, else psycopg2
-        status = int(info.transaction_status if info is not None
-                     else raw.get_transaction_status())
-        return _PG_STATES.get(status)
-    if connection.vendor == "sqlite":
-        return "open" if raw.in_transaction else "ended"
-    return None
+    return for_connection(connection).transaction_state(raw)
 
 
 def _roll_back_to(connection: Any, sid: str | None) -> None:

@@ -27,12 +27,12 @@ from collections import Counter, deque
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 
-from . import clock, conf, protocol
-from .child import database_now
+from . import conf, protocol
 from .registry import Worker, registry
 from .status import ExecutionStatus
+from .store import transitions
+from .store.session import OnDjango
 
 __all__ = ["run_pending"]
 
@@ -66,8 +66,9 @@ def _claimable(worker: Worker, database: str, include_waiting: bool) -> list[Any
         executions = executions.filter(status__in=[ExecutionStatus.PENDING,
                                                    ExecutionStatus.UNFINISHED])
     else:
-        due = executions.filter(waiting_worker=worker.name, next_attempt_at__lte=clock.now(database))
-        due.update(next_attempt_at=None, ready_at=F("next_attempt_at"))
+        with transaction.atomic(using=database):
+            while transitions.promote(OnDjango(database), worker.name):
+                pass
         executions = executions.filter(claimable_worker=worker.name)
     by_key = {e.source_id: e for e in executions.order_by("-priority" if worker.prioritized
                                                           else "id", "id")}
@@ -79,17 +80,14 @@ def _claimable(worker: Worker, database: str, include_waiting: bool) -> list[Any
 
 def _run_worker(worker: Worker, database: str, stats: Counter[str], include_waiting: bool) -> int:
     from .child import run_group
-    from .models import Execution
 
     rows = _claimable(worker, database, include_waiting)
     if not rows:
         return 0
     token = secrets.token_hex(16)
     with transaction.atomic(using=database):
-        Execution.objects.using(database).filter(pk__in=[e.pk for e in rows]).update(
-            status=ExecutionStatus.WORKING, claim_token=token, attempts=F("attempts") + 1,
-            claimed_by=f"test:{os.getpid()}", started_at=database_now(database),
-            next_attempt_at=None, rerun_requested=False, updated_at=database_now(database))
+        transitions.claim_rows(OnDjango(database), [e.pk for e in rows], token,
+                               f"test:{os.getpid()}", conf.value("LEASE_SECONDS"))
     pending = deque(protocol.Claim(e.pk, e.source_id, token, e.status, e.attempts + 1)
                     .delivery(seq) for seq, e in enumerate(rows, 1))
     slot = [0.0] * protocol.SLOT_SIZE

@@ -17,6 +17,7 @@ from django_dbworker import Coordinator
 from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
 from django_dbworker.registry import registry
+from django_dbworker.store import transitions
 from tests.helpers import (
     analyze,
     claim,
@@ -238,7 +239,7 @@ def test_stale_rows_are_found_through_the_waiting_index_not_the_history():
     worker = registry["rerun_stale"]
     try:
         plans = []
-        for stmt in (bridge.due_rows(worker), bridge.candidates(worker, 10)[0]):
+        for stmt in (transitions.due_rows(bridge.vendor, worker.name), bridge.candidates(worker, 10)[0]):
             sql = str(stmt.compile(bridge.engine, compile_kwargs={"literal_binds": True}))
             prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
             plans.append("\n".join(" ".join(map(str, r)) for r in bridge.execute(prefix + sql)))

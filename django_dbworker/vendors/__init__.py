@@ -22,7 +22,7 @@ from .base import (
     driver_error,
     error_code,
 )
-from .mysql import MySQL
+from .mysql import MariaDB, MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANY_WORKER_NOTICE", "EXECUTION_TABLE", "NOTIFY_CHANNEL", "PAUSE_NOTICE", "TRIGGER_NAME",
-    "VENDORS", "Bound", "MySQL", "PostgreSQL",
+    "VENDORS", "Bound", "MariaDB", "MySQL", "PostgreSQL",
     "SQLite", "TriggerNames", "TriggerSource", "UnsupportedDatabase", "Vendor",
     "driver_error", "error_code", "for_connection", "for_engine", "prepare_child_settings",
 ]
@@ -54,6 +54,8 @@ def for_connection(connection: BaseDatabaseWrapper) -> Vendor:
             f"The {connection.vendor!r} database backend is not supported: use PostgreSQL "
             "13+, MySQL 8.0.1+, MariaDB 10.6+ or a file-backed SQLite."
         ) from None
+    if cls is MySQL and connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        cls = MariaDB  # (Django's one backend serves both)
     return cls(connection)
 
 

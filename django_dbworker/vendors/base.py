@@ -249,6 +249,20 @@ class Vendor:
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
         """Run on every new coordinator connection."""
 
+    def set_autocommit(self, dbapi_connection: Any) -> None:
+        """Put a raw driver connection in autocommit (psycopg's attribute; the others
+        say theirs)."""
+        dbapi_connection.autocommit = True
+
+    # -- a child's transaction, as the driver knows it (savepoints.py) ---------------------
+    # Whether transaction_state() can tell, with no round trip, if a handler left the
+    # transaction open, ended or aborted.
+    tells_transaction_state = False
+
+    def transaction_state(self, dbapi_connection: Any) -> str | None:
+        """"open", "ended", "aborted" or "busy"; None where the driver cannot tell."""
+        return None
+
     def transaction_settings(self, lease_seconds: float) -> tuple[str, tuple[Any, ...]] | None:
         """A statement (and its parameters) that each coordinator transaction runs first,
         for settings on_connect cannot make for the session; None (the usual case): none."""

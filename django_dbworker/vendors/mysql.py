@@ -1,4 +1,8 @@
-"""MySQL 8.0.1+ and MariaDB 10.6+: row triggers, lock-then-claim, no partial indexes."""
+"""MySQL 8.0.1+ and MariaDB 10.6+: row triggers, lock-then-claim, no partial indexes.
+
+``MySQL`` holds what the two share (the protocol, mysqlclient, most SQL); ``MariaDB``
+says where MariaDB differs: no ``FOR UPDATE OF``, a loop in one statement (the change
+wait), and a server that ends a transaction left idle."""
 
 from __future__ import annotations
 
@@ -41,33 +45,16 @@ class MySQL(Vendor):
         connection.driver_connection.query(sql)
         return tuple(connection.driver_connection.store_result().fetch_row()[0])
 
-    @property
-    def is_mariadb(self) -> bool:
-        return bool(self.connection.mysql_is_mariadb)  # type: ignore[attr-defined]
+    # MySQL runs compound statements only in stored programs: no change wait in the
+    # server (MariaDB's), the change probe polls.
+    pushes_changes = False
+    PRODUCT = "MySQL"  # as it names itself
+    MINIMUM: tuple[int, ...] = (8, 0, 1)  # the oldest version it supports
 
-    @property
-    def row_locks(self) -> str:  # type: ignore[override]
-        return "rows" if self.is_mariadb else "of_table"  # MariaDB has no FOR UPDATE OF
-
-    @property
-    def pushes_changes(self) -> bool:
-        # MariaDB runs a loop in one statement: the change probe waits in the server
-        # (.changewait). MySQL runs compound statements only in stored programs.
-        return self.is_mariadb
-
-    def change_wait_sql(self, seen: str, pause: float, rounds: int) -> str:
-        # The change probe's columns as one string ('-' for NULL: CONCAT_WS skips NULLs).
-        answer = "SELECT CONCAT_WS(',', " + ", ".join(
-            f"IFNULL(({column}), '-')" for column in self.change_probe_columns()) + ")"
-        # Read by SELECT ... INTO, a consistent read: a subquery in the WHILE condition
-        # is a locking read in a stored program (measured: it waited for an uncommitted
-        # insert, and its lock made claims skip the newest row). ``seen``: an earlier
-        # answer, digits and punctuation, checked by .changewait.
-        return (f"BEGIN NOT ATOMIC DECLARE i INT DEFAULT 0; DECLARE a VARCHAR(255); "
-                f"{answer} INTO a; "
-                f"WHILE i < {int(rounds)} AND a = {self.literal(seen)} DO "
-                f"DO SLEEP({float(pause)!r}); {answer} INTO a; SET i = i + 1; END WHILE; "
-                f"SELECT a; END")
+    def set_idle_timeout(self, cursor: Any, seconds: float) -> Any:
+        """Have the server end this session's transaction once it sits idle for
+        ``seconds``; returns the setting it replaced (None: the server cannot)."""
+        return None
 
     def index_hint(self, index: str) -> str | None:
         # Measured on MariaDB 10.11 with one worker on a table and 100,000 finished rows:
@@ -85,20 +72,16 @@ class MySQL(Vendor):
 
     def check_supported(self) -> None:
         version = tuple(self.connection.mysql_version)  # type: ignore[attr-defined]
-        if self.is_mariadb and version < (10, 6):
+        if version < self.MINIMUM:
+            needed = ".".join(map(str, self.MINIMUM))
             raise UnsupportedDatabase(
-                f"MariaDB {'.'.join(map(str, version))} has no SKIP LOCKED: "
-                "django-dbworker needs MariaDB 10.6+."
-            )
-        if not self.is_mariadb and version < (8, 0, 1):
-            raise UnsupportedDatabase(
-                f"MySQL {'.'.join(map(str, version))} has no SKIP LOCKED: "
-                "django-dbworker needs MySQL 8.0.1+."
+                f"{self.PRODUCT} {'.'.join(map(str, version))} has no SKIP LOCKED: "
+                f"django-dbworker needs {self.PRODUCT} {needed}+."
             )
 
     def describe(self) -> str:
         version = ".".join(map(str, self.connection.mysql_version))  # type: ignore[attr-defined]
-        return f"{'MariaDB' if self.is_mariadb else 'MySQL'} {version}"
+        return f"{self.PRODUCT} {version}"
 
     def connect_args(self, given: dict[str, Any]) -> dict[str, Any]:
         # Timeouts: a partition fails the coordinator's statements in seconds (see
@@ -106,14 +89,16 @@ class MySQL(Vendor):
         return {"charset": "utf8mb4", "connect_timeout": 10, "read_timeout": 30,
                 "write_timeout": 30, **given}
 
+    def set_autocommit(self, dbapi_connection: Any) -> None:
+        dbapi_connection.autocommit(True)  # (mysqlclient's is a method)
+
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
-        if self.is_mariadb:
-            # As on PostgreSQL: a coordinator frozen inside a claim loses its transaction
-            # (and the row locks it holds) after a lease. MySQL has no such setting: there
-            # such rows wait until the frozen process resumes or dies.
-            cursor = dbapi_connection.cursor()
-            cursor.execute(f"SET SESSION idle_transaction_timeout = {_idle_seconds(lease_seconds)}")
-            cursor.close()
+        # As on PostgreSQL: a coordinator frozen inside a claim loses its transaction (and
+        # the row locks it holds) after a lease, where the server can (MariaDB). On MySQL
+        # such rows wait until the frozen process resumes or dies.
+        cursor = dbapi_connection.cursor()
+        self.set_idle_timeout(cursor, lease_seconds)
+        cursor.close()
 
     def try_schedule_lock(self, cursor: Any, schedule: str, frozen_after: float) -> bool:
         # A named lock, taken without waiting. It belongs to the session, not to the
@@ -127,11 +112,7 @@ class MySQL(Vendor):
         # the session as in one (and its idle timeout applies) before the lock is taken.
         cursor.execute(f"SELECT 1 FROM {self.qn(ScheduleSlot._meta.db_table)} LIMIT 1")
         cursor.fetchall()
-        if self.is_mariadb:
-            cursor.execute("SELECT @@SESSION.idle_transaction_timeout")
-            self._idle_before = cursor.fetchone()[0]
-            cursor.execute("SET SESSION idle_transaction_timeout = %s",
-                           [_idle_seconds(frozen_after)])
+        self._idle_before = self.set_idle_timeout(cursor, frozen_after)
         # (Named locks are the server's, not a database's: the name says which database.)
         database = self.connection.settings_dict["NAME"]
         name = f"dbworker.schedule.{schedule_lock_key(f'{database}/{schedule}')}"
@@ -221,3 +202,31 @@ class MySQL(Vendor):
 def _idle_seconds(lease_seconds: float) -> int:
     # MariaDB's idle_transaction_timeout counts whole seconds; 0 would mean "never".
     return max(round(lease_seconds), 1)
+
+
+class MariaDB(MySQL):
+    name = "mariadb"
+    PRODUCT, MINIMUM = "MariaDB", (10, 6)
+    row_locks = "rows"  # MariaDB has no FOR UPDATE OF
+    # It runs a loop in one statement: the change probe waits in the server (.changewait).
+    pushes_changes = True
+
+    def set_idle_timeout(self, cursor: Any, seconds: float) -> Any:
+        cursor.execute("SELECT @@SESSION.idle_transaction_timeout")
+        before = cursor.fetchone()[0]
+        cursor.execute("SET SESSION idle_transaction_timeout = %s", [_idle_seconds(seconds)])
+        return before
+
+    def change_wait_sql(self, seen: str, pause: float, rounds: int) -> str:
+        # The change probe's columns as one string ('-' for NULL: CONCAT_WS skips NULLs).
+        answer = "SELECT CONCAT_WS(',', " + ", ".join(
+            f"IFNULL(({column}), '-')" for column in self.change_probe_columns()) + ")"
+        # Read by SELECT ... INTO, a consistent read: a subquery in the WHILE condition
+        # is a locking read in a stored program (measured: it waited for an uncommitted
+        # insert, and its lock made claims skip the newest row). ``seen``: an earlier
+        # answer, digits and punctuation, checked by .changewait.
+        return (f"BEGIN NOT ATOMIC DECLARE i INT DEFAULT 0; DECLARE a VARCHAR(255); "
+                f"{answer} INTO a; "
+                f"WHILE i < {int(rounds)} AND a = {self.literal(seen)} DO "
+                f"DO SLEEP({float(pause)!r}); {answer} INTO a; SET i = i + 1; END WHILE; "
+                f"SELECT a; END")

@@ -20,6 +20,10 @@ from .base import (
 SCHEDULE_LOCK_CLASS = 0x64627773
 
 
+# IDLE, ACTIVE (a command still under way), INTRANS, INERROR.
+_PG_STATES = {0: "ended", 1: "busy", 2: "open", 3: "aborted"}
+
+
 class PostgreSQL(Vendor):
     name = "postgresql"
     # Lock the candidates (skipping rows others hold) and claim them in one statement.
@@ -84,6 +88,17 @@ class PostgreSQL(Vendor):
     def behind_transaction_pooler(self) -> bool:
         """Django's own sign of PgBouncer in transaction pooling (its docs ask for it)."""
         return bool(self.connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
+
+    tells_transaction_state = True
+
+    def transaction_state(self, dbapi_connection: Any) -> str | None:
+        # libpq's PQtransactionStatus (psycopg 3's pq.TransactionStatus, psycopg2's
+        # constants). UNKNOWN (a broken connection) says nothing about the handler: the
+        # next statement finds out.
+        info = getattr(dbapi_connection, "info", None)  # psycopg 3, else psycopg2
+        status = int(info.transaction_status if info is not None
+                     else dbapi_connection.get_transaction_status())
+        return _PG_STATES.get(status)
 
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
         if self.behind_transaction_pooler():

@@ -75,6 +75,14 @@ class SQLite(Vendor):
         # One statement, one transaction; multi-statement claims say BEGIN IMMEDIATE.
         return {"isolation_level": "AUTOCOMMIT"}
 
+    tells_transaction_state = True
+
+    def transaction_state(self, dbapi_connection: Any) -> str | None:
+        return "open" if dbapi_connection.in_transaction else "ended"
+
+    def set_autocommit(self, dbapi_connection: Any) -> None:
+        dbapi_connection.isolation_level = None  # sqlite3's autocommit
+
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
         # WAL lets children read while the coordinator writes (and the reverse); it is a
         # property of the database file, so setting it once is enough.
