@@ -4,7 +4,7 @@ import pytest
 
 # The release artefacts are built and installed with their own SQLite, whatever
 # DBWORKER_TEST_DB says, and the unit layer (tests/unit: pure policies) needs no database
-# at all: each runs once per `make test`, in its SQLite run (`make unit`: the unit layer
+# at all: both run in the SQLite runs of `make test` only (`make unit`: the unit layer
 # alone).
 if os.environ.get("DBWORKER_TEST_DB", "sqlite") != "sqlite":
     collect_ignore = ["test_packaging.py", "unit"]
