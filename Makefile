@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test demo bench lint services clean
+.PHONY: test unit demo bench lint services clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "No Python >= 3.12 found: install one or run 'make PYTHON=/path/to/python3.12'"; exit 1; }
@@ -34,6 +34,11 @@ services:
 test: $(STAMP) services lint
 	PY=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
 	scripts/test-combos.sh $(PYTEST_ARGS)
+
+# The unit layer alone (tests/unit: the pure policies): no database server, no process,
+# a few seconds. `make test` runs it too, in its SQLite runs only.
+unit: $(STAMP)
+	DBWORKER_TEST_DB=sqlite $(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check django_dbworker tests example_project benchmarks scripts

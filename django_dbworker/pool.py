@@ -478,16 +478,29 @@ class Pool:
         self.row_seconds = per_row if self.row_seconds is None else (
             0.8 * self.row_seconds + 0.2 * per_row)
 
-    def capacity(self, child: ChildProcess) -> int:
-        if self.row_seconds is None:
-            ahead = self.FIRST_AHEAD
+    @classmethod
+    def rows_ahead(cls, row_seconds: float | None, left: int | None = None) -> int:
+        """How many rows a child may hold at once, given the per-row average (None: no
+        handler timed yet) and how many rows it may still take before it retires (None:
+        no max_tasks_per_child)."""
+        if row_seconds is None:
+            ahead = cls.FIRST_AHEAD
         else:
-            ahead = max(1, min(self.MAX_AHEAD,
-                               math.ceil(self.AHEAD_SECONDS / max(self.row_seconds, 1e-6))))
-        limit = self.worker.max_tasks_per_child
-        if limit is not None:
-            ahead = min(ahead, limit - child.sent)  # it retires after `limit` rows
+            ahead = max(1, min(cls.MAX_AHEAD,
+                               math.ceil(cls.AHEAD_SECONDS / max(row_seconds, 1e-6))))
+        if left is not None:
+            ahead = min(ahead, left)  # it retires after max_tasks_per_child rows
         return max(ahead, 0)
+
+    @staticmethod
+    def top_up(capacity: int, held: int) -> int:
+        """Rows to send a child that holds ``held`` of its ``capacity``: none until it is
+        down to half (so claims come in batches), then enough to fill it."""
+        return capacity - held if held * 2 <= capacity and held < capacity else 0
+
+    def capacity(self, child: ChildProcess) -> int:
+        limit = self.worker.max_tasks_per_child
+        return self.rows_ahead(self.row_seconds, None if limit is None else limit - child.sent)
 
     def room(self, child: ChildProcess, now: float) -> int:
         """Rows to send this child now: none until it is down to half its share (so
@@ -498,9 +511,7 @@ class Pool:
         running = child.running() if child.busy else None
         if running is not None and now >= running[1] + self.stuck_after():
             return 0
-        capacity = self.capacity(child)
-        held = len(child.outstanding)
-        return capacity - held if held * 2 <= capacity and held < capacity else 0
+        return self.top_up(self.capacity(child), len(child.outstanding))
 
     def free_slots(self, now: float) -> int:
         return sum(self.room(c, now) for c in self.children)

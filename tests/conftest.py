@@ -3,9 +3,11 @@ import os
 import pytest
 
 # The release artefacts are built and installed with their own SQLite, whatever
-# DBWORKER_TEST_DB says: once per `make test`, in its SQLite run.
+# DBWORKER_TEST_DB says, and the unit layer (tests/unit: pure policies) needs no database
+# at all: both run in the SQLite runs of `make test` only (`make unit`: the unit layer
+# alone).
 if os.environ.get("DBWORKER_TEST_DB", "sqlite") != "sqlite":
-    collect_ignore = ["test_packaging.py"]
+    collect_ignore = ["test_packaging.py", "unit"]
 
 
 def pytest_report_header(config):

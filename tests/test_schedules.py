@@ -1,6 +1,7 @@
 """Schedules: exactly once per slot across coordinators (a unique constraint, no leader),
-the catch-up policies after downtime, time zones and DST with fixed clocks, and bad
-declarations as system check errors."""
+the catch-up policies through the database and in real coordinators, and bad declarations
+as system check errors. (The slot arithmetic alone, catch-up, time zones and DST with fixed
+clocks: tests/unit/test_schedules.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import random
 import signal
 import time
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.checks import run_checks
@@ -24,42 +24,11 @@ from tests.helpers import runworkers, settings_module, wait_for
 from tests.processes import Output, process_state
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
-BERLIN = ZoneInfo("Europe/Berlin")
 
 
 def every_second(catch_up="latest", name="tick") -> Schedule:
     return Schedule(name=name, task_path="tests.testapp.tasks.record", every=timedelta(seconds=1),
                     args=[name], catch_up=catch_up)
-
-
-# -- slot arithmetic, fixed clocks (no database) -----------------------------------------------
-@pytest.mark.parametrize("catch_up,now,expected", [
-    ("latest", T0 + timedelta(seconds=5.5), [5]),
-    ("all", T0 + timedelta(seconds=5.5), [1, 2, 3, 4, 5]),
-    ("skip", T0 + timedelta(seconds=5.4), [5]),  # 0.4 s late: on time (< half the gap)
-    ("skip", T0 + timedelta(seconds=5.6), []),   # 0.6 s late: missed, skipped
-    ("latest", T0 + timedelta(seconds=0.5), []),  # nothing due yet
-])
-def test_catch_up_policies_after_downtime(catch_up, now, expected):
-    assert every_second(catch_up).due(T0, now) == [T0 + timedelta(seconds=s) for s in expected]
-
-
-def berlin(*args) -> datetime:
-    return datetime(*args, tzinfo=BERLIN).astimezone(UTC)
-
-
-@override_settings(TIME_ZONE="Europe/Berlin")
-def test_cron_follows_the_time_zone_and_dst_the_way_cronsim_does():
-    nightly = Schedule(name="n", task_path="x.y", cron="30 2 * * *", catch_up="all")
-    # Spring forward (29 March 2026: 02:00 -> 03:00): the skipped 02:30 runs at 03:00.
-    assert nightly.due(berlin(2026, 3, 28, 2, 30), berlin(2026, 3, 30, 12, 0)) == [
-        berlin(2026, 3, 29, 3, 0), berlin(2026, 3, 30, 2, 30)]
-    # Fall back (25 October 2026: 03:00 -> 02:00): the repeated 02:30 runs once.
-    slots = nightly.due(berlin(2026, 10, 24, 2, 30), berlin(2026, 10, 26, 12, 0))
-    assert len(slots) == 2 and slots[1] == berlin(2026, 10, 26, 2, 30)
-    assert slots[0].astimezone(BERLIN).hour == 2
-    # 02:30 in Berlin is 00:30 UTC in summer: the slots are stored in UTC.
-    assert nightly.next_slot(berlin(2026, 7, 1, 0, 0)) == datetime(2026, 7, 1, 0, 30, tzinfo=UTC)
 
 
 # -- exactly once, through the database ------------------------------------------------------
