@@ -33,19 +33,17 @@ from typing import Any
 
 from . import failpoints, savepoints, sources, tracing
 from .protocol import (
-    DONE,
     INTERRUPTED,
-    LOST,
     READY,
     RESULTS,
     SETUP_FAILED,
-    SKIPPED,
     SLOT_REVOKE,
     SLOT_SEQ,
     SLOT_SIZE,
     SLOT_STARTED,
     Delivery,
     Result,
+    Timing,
 )
 
 __all__ = ["SLOT_REVOKE", "SLOT_SIZE", "child_main", "run", "run_group"]
@@ -78,7 +76,7 @@ def current_attempt() -> Attempt:
 def _enter(row: Delivery) -> None:
     from .identity import host
 
-    _current.set(Attempt(row[1], row[4], f"{host()}:{os.getppid()}"))
+    _current.set(Attempt(row.execution_id, row.attempt, f"{host()}:{os.getppid()}"))
 
 
 def child_main(conn: Connection, worker_name: str, handler_path: str,
@@ -113,7 +111,7 @@ def child_main(conn: Connection, worker_name: str, handler_path: str,
             _parent_gone(worker_name)
             return
         started = time.monotonic()
-        timings: dict[int, tuple[float, float]] = {}
+        timings: dict[int, Timing] = {}
         results = run_group(worker, alias, pending, slot, stop, timings)
         failpoints.reached("child.after_commit")
         if not _send(conn, (RESULTS, results, time.monotonic() - started, timings)):
@@ -196,7 +194,7 @@ class _DatabaseGone(Exception):
 
 
 def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
-              stop: Any, timings: dict[int, tuple[float, float]] | None = None) -> list[Result]:
+              stop: Any, timings: dict[int, Timing] | None = None) -> list[Result]:
     """Run rows from the front of ``pending`` in one transaction; return their results
     (rows it did not get to stay in ``pending``, unless it is stopping or the database
     went away: then they come back SKIPPED). ``timings`` gets, for each row that ran,
@@ -217,11 +215,11 @@ def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
         # Every waiting row goes back below: a revocation asked for meanwhile is answered
         # too. Left set, it would keep the pool from ever sending this child a row again.
         slot[SLOT_REVOKE] = 0
-        results = [(SKIPPED, r[0], None) for r in done if r is not gone.row]
+        results = [Result.skipped(r.seq) for r in done if r is not gone.row]
         if gone.row is not None:
-            results.append((INTERRUPTED, gone.row[0], _describe(gone.exc)))
+            results.append(Result.interrupted(gone.row.seq, _describe(gone.exc)))
         untouched = [r for r in take if r not in done and r is not gone.row]
-        return results + [(SKIPPED, r[0], None) for r in untouched] + _skip_all(pending)
+        return results + [Result.skipped(r.seq) for r in untouched] + _skip_all(pending)
     except _GroupFailed as failed:
         slot[SLOT_SEQ] = 0
         # Rolled back: run the rows it had reached (all of them if it failed before the
@@ -230,14 +228,14 @@ def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
         lost = _lost_claims(alias, done) if failed.claims_lost else frozenset()
         results = []
         for i, row in enumerate(done):
-            if row[0] in lost:
-                results.append((LOST, row[0], None))
+            if row.seq in lost:
+                results.append(Result.lost(row.seq))
                 continue
             result = run(worker, alias, row, slot=slot, timings=timings)
             results.append(result)
-            if result[0] == INTERRUPTED:
+            if result.kind == INTERRUPTED:
                 slot[SLOT_REVOKE] = 0  # (as above: everything waiting goes back)
-                return (results + [(SKIPPED, r[0], None) for r in done[i + 1:]]
+                return (results + [Result.skipped(r.seq) for r in done[i + 1:]]
                         + _requeue_and_skip(pending, take, done))
     # Rows this group did not reach go back to the front, in order.
     pending.extendleft(reversed([r for r in take if r not in done]))
@@ -245,7 +243,7 @@ def run_group(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
 
 
 def _run_alone(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
-               timings: dict[int, tuple[float, float]]) -> list[Result]:
+               timings: dict[int, Timing]) -> list[Result]:
     """A group of one row (a row that arrived alone: the common case of an idle queue)
     runs as run() runs it: no savepoint, so two round trips fewer before its handler
     starts; a failure rolls its transaction back and is recorded in the next."""
@@ -255,7 +253,7 @@ def _run_alone(worker: Any, alias: str, pending: deque[Delivery], slot: Any,
         return []  # revoked: the next call hands it back
     pending.popleft()
     result = run(worker, alias, row, slot, timings)
-    if result[0] == INTERRUPTED:
+    if result.kind == INTERRUPTED:
         # (as for a group: a revocation asked for meanwhile counts as answered)
         slot[SLOT_REVOKE] = 0
     return [result]
@@ -268,13 +266,13 @@ def _requeue_and_skip(pending: deque[Delivery], take: list[Delivery],
 
 
 def _skip_all(pending: deque[Delivery]) -> list[Result]:
-    results: list[Result] = [(SKIPPED, r[0], None) for r in pending]
+    results: list[Result] = [Result.skipped(r.seq) for r in pending]
     pending.clear()
     return results
 
 
 def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Delivery],
-                  slot: Any, stop: Any, timings: dict[int, tuple[float, float]]) -> list[Result]:
+                  slot: Any, stop: Any, timings: dict[int, Timing]) -> list[Result]:
     from django.db import DatabaseError, connections, transaction
     from django.utils import timezone
 
@@ -313,11 +311,11 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
                         raise _GroupFailed from exc
                     _timed(timings, row, started, timezone.now())
                     status = record_failure(worker, alias, row, exc, started)
-                    failures.append((DONE, row[0], status) if status else (LOST, row[0], None))
+                    failures.append(Result.done(row.seq, status) if status else Result.lost(row.seq))
             row = None
             if outcomes:
                 try:
-                    worker.before_outcomes(alias, [loaded[r[0]] for r, _, _, _ in outcomes])
+                    worker.before_outcomes(alias, [loaded[r.seq] for r, _, _, _ in outcomes])
                 except DatabaseError:
                     raise
                 except Exception as exc:  # (a bug of the hook's: the rows run alone)
@@ -335,14 +333,14 @@ def _run_together(worker: Any, alias: str, take: list[Delivery], done: list[Deli
         if _database_gone(alias, exc, ran_on):
             raise _DatabaseGone(row, exc) from exc
         raise _GroupFailed from exc
-    return [(DONE, r[0], o.status.value) for r, o, _, _ in outcomes] + failures
+    return [Result.done(r.seq, o.status.value) for r, o, _, _ in outcomes] + failures
 
 
 def _may_start(slot: Any, row: Delivery) -> bool:
     """Announce the row, then look for a revocation: the coordinator sets the flag
     before it reads the announced delivery, so one of the two always sees the other."""
     slot[SLOT_STARTED] = time.monotonic()
-    slot[SLOT_SEQ] = row[0]
+    slot[SLOT_SEQ] = row.seq
     if slot[SLOT_REVOKE]:
         slot[SLOT_SEQ] = 0
         return False
@@ -350,14 +348,14 @@ def _may_start(slot: Any, row: Delivery) -> bool:
 
 
 def _call_handler(worker: Any, loaded: dict[int, Any], row: Delivery, slot: Any) -> Any:
-    source = loaded.get(row[0])
+    source = loaded.get(row.seq)
     if source is None:
         raise worker.source.DoesNotExist(
-            f"{worker.source.__name__} with pk {row[2]!r} does not exist (deleted after "
+            f"{worker.source.__name__} with pk {row.source_id!r} does not exist (deleted after "
             "it was claimed)."
         )
     _enter(row)
-    with tracing.span(worker.name, row[2], row[4]) as current:
+    with tracing.span(worker.name, row.source_id, row.attempt) as current:
         try:
             outcome = _checked(worker, worker.handler(source))
         except BaseException:
@@ -423,7 +421,7 @@ def _since(then: datetime, at: datetime) -> float:
 
 
 def run(worker: Any, alias: str, row: Delivery, slot: Any,
-        timings: dict[int, tuple[float, float]] | None = None) -> Result:
+        timings: dict[int, Timing] | None = None) -> Result:
     """Run one row in its own transaction (a row that arrived alone, or one of a group
     that failed), with no savepoint where the driver can tell that the handler left the
     transaction open (savepoints.py): a failure rolls it all back, and record_failure()
@@ -433,18 +431,18 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
 
     from .exceptions import LostClaim
 
-    seq = row[0]
+    seq = row.seq
     started = timezone.now()
     ran_on = None
     try:
         with transaction.atomic(using=alias):
             ran_on = connections[alias].connection
-            source = sources.load(worker.source, alias, worker.pk_field.to_python(row[2]))
+            source = sources.load(worker.source, alias, worker.pk_field.to_python(row.source_id))
             slot[SLOT_STARTED] = time.monotonic()
             slot[SLOT_SEQ] = seq
             started = timezone.now()
             _enter(row)
-            with tracing.span(worker.name, row[2], row[4]) as current:
+            with tracing.span(worker.name, row.source_id, row.attempt) as current:
                 with savepoints.handler_block(alias, grouped=False):
                     outcome = _checked(worker, worker.handler(source))
                 _set_outcome(current, outcome.status.value)
@@ -459,18 +457,18 @@ def run(worker: Any, alias: str, row: Delivery, slot: Any,
         with transaction.atomic(using=alias):
             return _commit_outcome(worker, alias, row, source, outcome, started, finished)
     except LostClaim:
-        return (LOST, seq, None)
+        return Result.lost(seq)
     except Exception as exc:
         slot[SLOT_SEQ] = 0
         _timed(timings, row, started, timezone.now())
         if _database_gone(alias, exc, ran_on):
-            return (INTERRUPTED, seq, _describe(exc))
+            return Result.interrupted(seq, _describe(exc))
         try:
             status = record_failure(worker, alias, row, exc, started)
         except Exception as second:
             _database_gone(alias, second)
-            return (INTERRUPTED, seq, _describe(second))
-        return (DONE, seq, status) if status else (LOST, seq, None)
+            return Result.interrupted(seq, _describe(second))
+        return Result.done(seq, status) if status else Result.lost(seq)
 
 
 def _commit_outcome(worker: Any, alias: str, row: Delivery, source: Any, outcome: Any,
@@ -480,10 +478,10 @@ def _commit_outcome(worker: Any, alias: str, row: Delivery, source: Any, outcome
 
     worker.before_outcomes(alias, [source])
     if _write_outcomes(worker, alias, [(row, outcome, started, finished)]) != 1:
-        raise LostClaim(f"Execution {row[1]} was claimed by another process")
+        raise LostClaim(f"Execution {row.execution_id} was claimed by another process")
     _after_commit(alias, worker, row, outcome.status.value, None, None)
     failpoints.reached("child.before_commit")
-    return (DONE, row[0], outcome.status.value)
+    return Result.done(row.seq, outcome.status.value)
 
 
 def record_failure(worker: Any, alias: str, row: Delivery, exc: BaseException,
@@ -518,10 +516,10 @@ def record_failure(worker: Any, alias: str, row: Delivery, exc: BaseException,
         return outcome
 
 
-def _timed(timings: dict[int, tuple[float, float]] | None, row: Delivery, started: datetime,
+def _timed(timings: dict[int, Timing] | None, row: Delivery, started: datetime,
            finished: datetime) -> None:
     if timings is not None:
-        timings[row[0]] = ((finished - started).total_seconds(), started.timestamp())
+        timings[row.seq] = Timing((finished - started).total_seconds(), started.timestamp())
 
 
 def _set_outcome(current: Any, outcome: str) -> None:
@@ -542,8 +540,8 @@ def _announce(worker: Any, row: Delivery, outcome: str, exc: BaseException | Non
               retry_in: float | None) -> None:
     from . import signals
 
-    details = {"worker": worker.name, "execution_id": row[1], "source_id": row[2],
-               "attempt": row[4]}
+    details = {"worker": worker.name, "execution_id": row.execution_id, "source_id": row.source_id,
+               "attempt": row.attempt}
     if exc is not None:
         total = worker.max_attempts or 1
         retried = outcome == "retried"
@@ -552,11 +550,11 @@ def _announce(worker: Any, row: Delivery, outcome: str, exc: BaseException | Non
         # as an event by default); WARNING when it will be retried.
         logger.log(logging.WARNING if retried else logging.ERROR,
                    "Worker %s: execution %s (source %s) failed on attempt %d of %d: %s; %s",
-                   worker.name, row[1], row[2], row[4], total, _describe(exc), then,
+                   worker.name, row.execution_id, row.source_id, row.attempt, total, _describe(exc), then,
                    exc_info=exc)
         if retried:
             logger.info("Worker %s: execution %s will be retried in %.1fs (attempt %d of %d)",
-                        worker.name, row[1], retry_in or 0, row[4] + 1, total)
+                        worker.name, row.execution_id, retry_in or 0, row.attempt + 1, total)
     signal = {"retried": signals.execution_retried,
               "failed": signals.execution_failed}.get(outcome, signals.execution_finished)
     signal.send_robust(sender=worker, **details)

@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 
 from . import protocol
-from .protocol import Claim
+from .protocol import Claim, Result, Timing
 from .registry import Worker
 
 logger = logging.getLogger("django_dbworker.pool")
@@ -37,6 +37,13 @@ KILLED_FROM_OUTSIDE = {-signal.SIGKILL, -signal.SIGTERM}
 
 class PoolBroken(ImproperlyConfigured):
     """The pool cannot keep children running (they fail to start): stop with the error."""
+
+
+class Running(NamedTuple):
+    """The handler a child runs now, as its shared slot says."""
+
+    seq: int  # its delivery's
+    started: float  # time.monotonic() when it started
 
 
 class ChildProcess:
@@ -82,17 +89,17 @@ class ChildProcess:
     def busy(self) -> bool:
         return bool(self.outstanding)
 
-    def running(self) -> tuple[int, float] | None:
-        """(delivery seq, monotonic start) of the handler running now, if any."""
+    def running(self) -> Running | None:
+        """The handler running now, if any."""
         seq = int(self.slot[protocol.SLOT_SEQ])
         started = self.slot[protocol.SLOT_STARTED]
         if seq == 0 or int(self.slot[protocol.SLOT_SEQ]) != seq:
             return None  # between handlers (or it just moved on)
-        return seq, started
+        return Running(seq, started)
 
     def running_claim(self) -> Claim | None:
         running = self.running()
-        return None if running is None else self.outstanding.get(running[0])
+        return None if running is None else self.outstanding.get(running.seq)
 
     def send(self, claims: list[Claim]) -> None:
         deliveries = []
@@ -100,8 +107,8 @@ class ChildProcess:
             deliveries.append(claim.delivery(self._next_seq))
             self._next_seq += 1
         self.conn.send(deliveries)  # raises if the child is gone
-        for (seq, *_), claim in zip(deliveries, claims, strict=True):
-            self.outstanding[seq] = claim
+        for delivery, claim in zip(deliveries, claims, strict=True):
+            self.outstanding[delivery.seq] = claim
         self.sent += len(claims)
 
     def settle(self, seq: int) -> Claim | None:
@@ -116,14 +123,14 @@ class ChildProcess:
         if running is None:
             return []
         self.slot[protocol.SLOT_REVOKE] = 1
-        if int(self.slot[protocol.SLOT_SEQ]) != running[0]:
+        if int(self.slot[protocol.SLOT_SEQ]) != running.seq:
             return []  # it moved on: the flag makes it hand back the rest as SKIPPED
         seqs = list(self.outstanding)
-        if running[0] not in seqs:
+        if running.seq not in seqs:
             return []
         # Deliveries sent before the running one and still unreported are done, in its
         # uncommitted group; those after it have not started.
-        waiting = seqs[seqs.index(running[0]) + 1:]
+        waiting = seqs[seqs.index(running.seq) + 1:]
         self.sent -= len(waiting)
         return [self.outstanding.pop(seq) for seq in waiting]
 
@@ -167,13 +174,19 @@ def describe_exit(code: int | None) -> str:
 
 
 # -- events the coordinator acts on ------------------------------------------------------------
+class Settled(NamedTuple):
+    """One result a child reported, with the claim it settles."""
+
+    claim: Claim | None  # None: the row had been given back already (a revoked row)
+    result: Result
+    timing: Timing | None  # for a row that ran
+
+
 @dataclass
 class Reported:
-    """A child reported on a group: each result with the claim it settles (None when the
-    row had been given back already, as a revoked row) and, for a row that ran, (seconds
-    its handler took, when it started as time.time())."""
+    """A child reported on a group: each result with the claim it settles."""
 
-    results: list[tuple[Claim | None, str, Any, tuple[float, float] | None]]
+    results: list[Settled]
 
 
 @dataclass
@@ -290,9 +303,9 @@ class Pool:
             if running is None:
                 continue
             if self.worker.timeout is not None:
-                deadlines.append(running[1] + self.worker.timeout)
+                deadlines.append(running.started + self.worker.timeout)
             if len(c.outstanding) > 1:
-                deadlines.append(running[1] + self.stuck_after())
+                deadlines.append(running.started + self.stuck_after())
         return min(deadlines) if deadlines else None
 
     # -- what children say --------------------------------------------------------------------
@@ -333,12 +346,11 @@ class Pool:
                     f"({self.worker.handler_path}): {last}")
             self._start_failed(child, last)
             return None
-        _, results, seconds, timings = message
-        settled = [(child.settle(seq), kind, detail, timings.get(seq))
-                   for kind, seq, detail in results]
-        self.timed(sum(1 for _, kind, _, _ in settled if kind != protocol.SKIPPED), seconds)
-        for claim, kind, _, _ in settled:
-            if kind == protocol.SKIPPED and claim is not None:
+        _, results, seconds, timings = message  # (RESULTS, [Result], seconds, {seq: Timing})
+        settled = [Settled(child.settle(r.seq), r, timings.get(r.seq)) for r in results]
+        self.timed(sum(1 for s in settled if s.result.kind != protocol.SKIPPED), seconds)
+        for s in settled:
+            if s.result.kind == protocol.SKIPPED and s.claim is not None:
                 child.sent -= 1  # it never ran there
         if child.retiring is False and self._retires(child):
             self._retire(child)
@@ -425,18 +437,18 @@ class Pool:
             if running is None:
                 continue
             limit = self.worker.timeout
-            if limit is not None and now - running[1] >= limit:
-                events.extend(self._time_out(child, running[0], limit))
-            elif len(child.outstanding) > 1 and now >= running[1] + self.stuck_after():
+            if limit is not None and now - running.started >= limit:
+                events.extend(self._time_out(child, running.seq, limit))
+            elif len(child.outstanding) > 1 and now >= running.started + self.stuck_after():
                 waiting = child.revoke_waiting()
                 if waiting:
                     # Routine (a slow row among quick ones), unless it runs for minutes.
-                    level = logging.WARNING if now - running[1] > self.REALLY_STUCK else logging.INFO
+                    level = logging.WARNING if now - running.started > self.REALLY_STUCK else logging.INFO
                     logger.log(level,
                                "Worker %s: one handler has run for %.1fs, longer than its "
                                "rows usually take; the %d row(s) waiting behind it in the same "
                                "child were given back, so other children or coordinators run "
-                               "them meanwhile", self.worker.name, now - running[1],
+                               "them meanwhile", self.worker.name, now - running.started,
                                len(waiting))
                 revoked.extend(waiting)
         return events, revoked
@@ -509,7 +521,7 @@ class Pool:
         if not child.ready or child.slot[protocol.SLOT_REVOKE]:
             return 0
         running = child.running() if child.busy else None
-        if running is not None and now >= running[1] + self.stuck_after():
+        if running is not None and now >= running.started + self.stuck_after():
             return 0
         return self.top_up(self.capacity(child), len(child.outstanding))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import protocol
 from .pool import Died, Event, Pool, Reported, TimedOut
@@ -39,12 +39,12 @@ class PoolEvents:
         name = pool.worker.name
         for event in events:
             if isinstance(event, Reported):
-                for claim, kind, detail, timing in event.results:
-                    self._on_result(pool.worker, claim, kind, detail)
+                for claim, result, timing in event.results:
+                    self._on_result(pool.worker, claim, result)
                     if timing is not None and self.metrics is not None:
-                        pickup = (timing[1] - claim.ready_at if claim is not None
+                        pickup = (timing.started_at - claim.ready_at if claim is not None
                                   and claim.ready_at is not None else None)
-                        self.metrics.observe(name, timing[0], pickup)
+                        self.metrics.observe(name, timing.seconds, pickup)
                 # A finished handler may have made rows claimable (here or for another
                 # worker, a dependent one): claim again.
                 self.wakeups.wake_all()
@@ -66,12 +66,13 @@ class PoolEvents:
                     self.give_back(claim, name)
                 self.wakeups.wake(name)
 
-    def _on_result(self, worker: Worker, claim: protocol.Claim | None, kind: str,
-                   detail: Any) -> None:
+    def _on_result(self, worker: Worker, claim: protocol.Claim | None,
+                   result: protocol.Result) -> None:
         if claim is None:
             return  # given back already (a revoked row that the child skipped)
+        kind = result.kind
         if kind == protocol.DONE:
-            self.count(worker.name, detail)
+            self.count(worker.name, str(result.status))
         elif kind == protocol.SKIPPED:
             self.give_back(claim, worker.name)
         elif kind == protocol.LOST:
@@ -81,8 +82,8 @@ class PoolEvents:
         elif kind == protocol.INTERRUPTED:
             self.count(worker.name, "interrupted")
             logger.warning("Worker %s: database error during execution %s (%s); "
-                           "releasing it", worker.name, claim.execution_id, detail)
-            self.interrupted(worker, claim, str(detail))
+                           "releasing it", worker.name, claim.execution_id, result.error)
+            self.interrupted(worker, claim, str(result.error))
 
     def give_back(self, claim: protocol.Claim, worker: str) -> None:
         """A row whose handler never started (or never reached a commit): as it was."""

@@ -6,25 +6,25 @@ a row claimed again before the child's report on its previous run has arrived is
 deliveries, never one (the row is claimable the moment the child commits, and the
 child's message may arrive after the next claim).
 
-Everything here is plain data: tuples cross the pipe (cheap to pickle), dataclasses stay
-in the coordinator.
+Everything here is plain data: named tuples cross the pipe (cheap to pickle: a tuple with a
+class name), dataclasses stay in the coordinator.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 # -- child -> coordinator ------------------------------------------------------------------
 READY = "ready"  # (READY, pid): set-up done, send rows
 SETUP_FAILED = "setup_failed"  # (SETUP_FAILED, traceback text): the child exits
-# (RESULTS, [Result, ...], seconds the group took, {seq: (handler seconds, started at)})
+# (RESULTS, [Result, ...], seconds the group took, {seq: Timing} of the rows that ran)
 RESULTS = "results"
 
 # Result kinds, one per delivery.
-DONE = "done"  # detail: the new status (finished, unfinished, failed)
+DONE = "done"  # committed: Result.status is the outcome (finished, unfinished, retried, failed)
 LOST = "lost"  # the claim was taken over; nothing was saved
-INTERRUPTED = "interrupted"  # the database went away while it ran; release the row
+INTERRUPTED = "interrupted"  # the database went away while it ran (Result.error); release the row
 SKIPPED = "skipped"  # never started (stopping, revoked, or the database went away first)
 
 # -- the shared slot ------------------------------------------------------------------------
@@ -35,17 +35,58 @@ SKIPPED = "skipped"  # never started (stopping, revoked, or the database went aw
 SLOT_SEQ, SLOT_STARTED, SLOT_REVOKE = 0, 1, 2
 SLOT_SIZE = 3
 
-class Delivery(NamedTuple):
-    """One claimed row sent to a child, under a sequence number unique in that child."""
 
-    seq: int
+class Delivery(NamedTuple):
+    """One claimed row, sent to a child (coordinator -> child)."""
+
+    seq: int  # unique within the child: what its Result names
     execution_id: int
-    source_id: str
-    token: str  # the claim's token: every write of the row's outcome is guarded by it
+    source_id: str  # the source row's key, as text
+    token: str  # the claim token: the child's commit is guarded by it
     attempt: int  # this claim's attempt number
 
 
-Result = tuple[str, int, Any]  # kind, seq, detail
+class Result(NamedTuple):
+    """What became of one delivery (child -> coordinator). ``detail`` holds what the kind
+    has to say, and only two kinds have something: read it as ``status`` or ``error``."""
+
+    kind: str  # DONE, LOST, INTERRUPTED or SKIPPED
+    seq: int  # the delivery's
+    detail: str | None = None  # DONE: the outcome; INTERRUPTED: the error; else None
+
+    @classmethod
+    def done(cls, seq: int, status: str) -> Result:
+        return cls(DONE, seq, status)
+
+    @classmethod
+    def lost(cls, seq: int) -> Result:
+        return cls(LOST, seq)
+
+    @classmethod
+    def interrupted(cls, seq: int, error: str) -> Result:
+        return cls(INTERRUPTED, seq, error)
+
+    @classmethod
+    def skipped(cls, seq: int) -> Result:
+        return cls(SKIPPED, seq)
+
+    @property
+    def status(self) -> str | None:
+        """DONE: what the row's commit made of it (finished, unfinished, retried, failed;
+        also the name of the event counted for it); None for other kinds."""
+        return self.detail if self.kind == DONE else None
+
+    @property
+    def error(self) -> str | None:
+        """INTERRUPTED: the database's error, described; None for other kinds."""
+        return self.detail if self.kind == INTERRUPTED else None
+
+
+class Timing(NamedTuple):
+    """How a row that ran took its time (child -> coordinator, by delivery seq)."""
+
+    seconds: float  # its handler's
+    started_at: float  # when its handler started, as time.time()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.db.models.query import ModelIterable
 
+from .protocol import Delivery
+
 _UNSEEN = object()
 # The QuerySet methods between get(pk=...) and its rows: a subclass that overrides one
 # (a soft-delete scope applied in _fetch_all, say) is asked with .get() each time.
@@ -29,10 +31,10 @@ FETCHING = ("get", "filter", "_filter_or_exclude", "_filter_or_exclude_inplace",
 _compiled: dict[tuple[type, str], str | None] = {}  # (model, alias) -> SQL with one %s
 
 
-def load_many(model: type, pk_field: Any, alias: str, rows: Sequence[Any]) -> dict[int, Any]:
-    """The source row of each delivery (seq, execution id, source key, ...) of a group,
-    with one query, by delivery seq; missing ones (deleted) are left out."""
-    keys = {r[0]: pk_field.to_python(r[2]) for r in rows}
+def load_many(model: type, pk_field: Any, alias: str, rows: Sequence[Delivery]) -> dict[int, Any]:
+    """The source row of each delivery of a group, with one query, by delivery seq;
+    missing ones (deleted) are left out."""
+    keys = {r.seq: pk_field.to_python(r.source_id) for r in rows}
     found = model._default_manager.using(alias).in_bulk(set(keys.values()))  # type: ignore[attr-defined]
     return {seq: found[key] for seq, key in keys.items() if key in found}
 

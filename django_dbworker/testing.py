@@ -92,6 +92,6 @@ def _run_worker(worker: Worker, database: str, stats: Counter[str], include_wait
                     .delivery(seq) for seq, e in enumerate(rows, 1))
     slot = [0.0] * protocol.SLOT_SIZE
     while pending:
-        for kind, _, detail in run_group(worker, database, pending, slot, _Flag()):
-            stats[detail if kind == protocol.DONE else kind] += 1
+        for result in run_group(worker, database, pending, slot, _Flag()):
+            stats[result.status or result.kind] += 1  # (DONE: the outcome)
     return len(rows)

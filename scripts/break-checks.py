@@ -59,7 +59,7 @@ BREAKS = [
     Break("commit-guard", "a child's outcome commits whatever became of its claim",
           "django_dbworker/child.py",
           "    return guard & Q(status=ExecutionStatus.WORKING)\n",
-          "    return Q(id__in=[row[1] for row in rows])\n",
+          "    return Q(id__in=[row.execution_id for row in rows])\n",
           ("tests/test_crash.py::test_a_stale_child_that_wakes_after_the_takeover_has_its_"
            "writes_discarded",)),
     Break("notify", "the triggers send no NOTIFY", "django_dbworker/vendors/postgresql.py",
@@ -131,7 +131,7 @@ BREAKS = [
            "seconds",)),
     Break("stuck-give-back", "rows waiting behind a stuck handler stay with its child",
           "django_dbworker/pool.py",
-          "elif len(child.outstanding) > 1 and now >= running[1] + self.stuck_after():",
+          "elif len(child.outstanding) > 1 and now >= running.started + self.stuck_after():",
           "elif False:",
           ("tests/test_crash.py::test_rows_sent_ahead_to_a_child_are_given_back_when_its_"
            "handler_is_stuck",)),

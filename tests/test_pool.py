@@ -21,9 +21,10 @@ from django_dbworker.pool import (
     Pool,
     PoolBroken,
     Reported,
+    Settled,
     TimedOut,
 )
-from django_dbworker.protocol import Claim
+from django_dbworker.protocol import Claim, Result
 from django_dbworker.registry import registry
 
 
@@ -141,10 +142,10 @@ def test_a_row_claimed_again_before_its_report_is_two_deliveries(pool):
     child.send([again])  # claimed again: its first run committed, the report is on the way
     [(seq2, *_)] = child.deliveries()
     assert seq1 != seq2
-    child.report([(protocol.DONE, seq1, "unfinished")])
+    child.report([Result.done(seq1, "unfinished")])
     [event] = pool.on_ready(child.conn)
     assert isinstance(event, Reported)
-    assert event.results == [(first, protocol.DONE, "unfinished", None)]
+    assert event.results == [Settled(first, Result(protocol.DONE, seq1, "unfinished"), None)]
     assert child.outstanding == {seq2: again}  # still held: drain must not end yet
     assert pool.busy == [child]
 
@@ -154,7 +155,7 @@ def test_a_dead_child_gives_back_its_rows_and_is_replaced(pool):
     child = pool.children[0]
     running, waiting = claims(2)
     child.send([running, waiting])
-    seq_running = child.deliveries()[0][0]
+    seq_running = child.deliveries()[0].seq
     child.start_running(seq_running)
     child.process.die(-signal.SIGKILL)
     [event] = pool.on_ready(child.sentinel)
@@ -169,11 +170,11 @@ def test_results_sent_before_a_death_are_settled_first(pool):
     child = pool.children[0]
     done, lost = claims(2)
     child.send([done, lost])
-    seqs = [d[0] for d in child.deliveries()]
-    child.report([(protocol.DONE, seqs[0], "finished")])
+    seqs = [d.seq for d in child.deliveries()]
+    child.report([Result.done(seqs[0], "finished")])
     child.process.die(1)
     events = pool.on_ready(child.sentinel)
-    assert isinstance(events[0], Reported) and events[0].results[0][0] == done
+    assert isinstance(events[0], Reported) and events[0].results[0].claim == done
     assert isinstance(events[1], Died) and events[1].others == [lost] and events[1].running is None
 
 
@@ -183,7 +184,7 @@ def test_a_handler_past_its_timeout_is_killed(pool, monkeypatch):
     child = pool.children[0]
     slow, behind = claims(2)
     child.send([slow, behind])
-    child.start_running(child.deliveries()[0][0], started=time.monotonic() - 6)
+    child.start_running(child.deliveries()[0].seq, started=time.monotonic() - 6)
     events, revoked = pool.check(time.monotonic())
     [event] = events
     assert isinstance(event, TimedOut) and event.claim == slow and event.others == [behind]
@@ -197,7 +198,7 @@ def test_rows_behind_a_stuck_handler_are_revoked(pool, caplog):
     child = pool.children[0]
     stuck, *behind = claims(4)
     child.send([stuck, *behind])
-    child.start_running(child.deliveries()[0][0], started=time.monotonic() - 1.0)
+    child.start_running(child.deliveries()[0].seq, started=time.monotonic() - 1.0)
     assert pool.room(child, time.monotonic()) == 0  # stuck: no more rows for it
     with caplog.at_level(logging.INFO, logger="django_dbworker.pool"):
         events, revoked = pool.check(time.monotonic())
@@ -211,9 +212,9 @@ def test_rows_behind_a_stuck_handler_are_revoked(pool, caplog):
                      said.getMessage()), said.getMessage()
     assert list(child.outstanding.values()) == [stuck]
     # The child then reports the revoked rows SKIPPED: they are no longer its to settle.
-    child.report([(protocol.DONE, 1, "finished"), *[(protocol.SKIPPED, s, None) for s in (2, 3, 4)]])
+    child.report([Result.done(1, "finished"), *[Result.skipped(s) for s in (2, 3, 4)]])
     [event] = pool.on_ready(child.conn)
-    assert [claim for claim, _, _, _ in event.results] == [stuck, None, None, None]
+    assert [s.claim for s in event.results] == [stuck, None, None, None]
 
 
 def test_a_failed_first_start_stops_set_up_naming_the_cause(pool):

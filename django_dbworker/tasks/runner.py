@@ -29,6 +29,7 @@ from django.db import transaction
 
 from .. import child, clock
 from ..outcomes import Finished
+from ..protocol import Delivery
 from . import values
 from .compat import TaskContext, TaskResultStatus, task_finished, task_started
 from .results import import_task, to_result, worker_ids_of
@@ -71,7 +72,7 @@ def send_logged(signal: Any, name: str, result: Any) -> None:
                          result.task.module_path, response, exc_info=response)
 
 
-def announce_started(alias: str, pending: Iterable[Any]) -> None:
+def announce_started(alias: str, pending: Iterable[Delivery]) -> None:
     """Send ``task_started`` for the tasks at the front of ``pending`` (the deliveries
     the child runs next: as many as a group takes), before their transaction opens.
     Receivers run in autocommit: a row one writes is committed at once, and stays
@@ -82,13 +83,13 @@ def announce_started(alias: str, pending: Iterable[Any]) -> None:
     from ..models import Task
 
     front = list(islice(pending, child.GROUP_ROWS))
-    fresh = [d for d in front if d[3] not in _announced]
+    fresh = [d for d in front if d.token not in _announced]
     pk = Task._meta.pk
     assert pk is not None
     rows, now = {}, None
     if fresh:
         try:
-            rows = Task.objects.using(alias).in_bulk([pk.to_python(d[2]) for d in fresh])
+            rows = Task.objects.using(alias).in_bulk([pk.to_python(d.source_id) for d in fresh])
             now = clock.now(alias)
         except Exception:  # noqa: BLE001 - the group meets the database's error itself
             logger.warning("Could not read tasks to announce them; they announce "
@@ -96,20 +97,20 @@ def announce_started(alias: str, pending: Iterable[Any]) -> None:
             fresh = []
     worker_id = f"{host()}:{os.getppid()}"  # the coordinator, as child.current_attempt() has it
     for delivery in fresh:
-        row = rows.get(pk.to_python(delivery[2]))
+        row = rows.get(pk.to_python(delivery.source_id))
         if row is None:
             continue  # deleted since the claim: its run says so
         try:
-            _begin_attempt(row, now, child.Attempt(delivery[1], delivery[4], worker_id))
+            _begin_attempt(row, now, child.Attempt(delivery.execution_id, delivery.attempt, worker_id))
             result = to_result(row, None, status=TaskResultStatus.RUNNING)
         except Exception:  # noqa: BLE001 - not announced here: run_task() does it
             logger.warning("Could not announce task %s", row.pk, exc_info=True)
             continue
-        _announced[delivery[3]] = None
+        _announced[delivery.token] = None
         send_logged(task_started, "task_started", result)
     while len(_announced) > ANNOUNCED_KEPT:
         _announced.popitem(last=False)
-    _window = frozenset((d[1], d[4]) for d in front if d[3] in _announced)
+    _window = frozenset((d.execution_id, d.attempt) for d in front if d.token in _announced)
 
 
 def _begin_attempt(row: Any, now: Any, attempt: child.Attempt | None = None) -> None:

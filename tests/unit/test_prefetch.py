@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from django_dbworker import protocol
-from django_dbworker.pool import Pool
+from django_dbworker.pool import Pool, Running
 
 AHEAD, MOST, FIRST = Pool.AHEAD_SECONDS, Pool.MAX_AHEAD, Pool.FIRST_AHEAD
 
@@ -96,9 +96,9 @@ class Child:
     def busy(self) -> bool:
         return bool(self.outstanding)
 
-    def running(self) -> tuple[int, float] | None:
+    def running(self) -> Running | None:
         seq = int(self.slot[protocol.SLOT_SEQ])
-        return None if seq == 0 else (seq, self.slot[protocol.SLOT_STARTED])
+        return None if seq == 0 else Running(seq, self.slot[protocol.SLOT_STARTED])
 
     def holding(self, n: int, running_since: float | None = None) -> Child:
         self.outstanding = {seq: object() for seq in range(1, n + 1)}
