@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import LostClaim
 from .outcomes import Finished, Outcome, Unfinished
-from .registry import registry, worker
+from .registration.registry import registry, worker
 from .status import ExecutionStatus
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
         reset_failed,
         state,
     )
-    from .coordinator import Coordinator
+    from .coordinator.loop import Coordinator
 
 __all__ = [
     "Coordinator",
@@ -47,7 +47,7 @@ _LAZY = {
     "has_execution_status": "api",
     "reset_failed": "api",
     "state": "api",
-    "Coordinator": "coordinator",
+    "Coordinator": "coordinator.loop",
 }
 
 

@@ -12,7 +12,7 @@ from django.db.models.expressions import Combinable
 
 from . import conf
 from .models import Execution, ExecutionQuerySet
-from .registry import Worker, registry
+from .registration.registry import Worker, registry
 from .status import ExecutionStatus
 from .vendors import for_connection
 

@@ -14,8 +14,8 @@ class DBWorkerConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
-        from .discovery import discover_workers
-        from .installation import install_after_migrate
+        from .installation.triggers import install_after_migrate
+        from .registration.discovery import discover_workers
 
         discover_workers()
         from .tasks.queues import backends, register_queues

@@ -7,8 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, register
 
-from . import failpoints
 from .conf import DEFAULTS
+from .processes import failpoints
 from .vendors import for_engine
 
 ID = "django_dbworker.{}"
@@ -89,7 +89,7 @@ CONNECTIONS_NEEDED = 3
 
 
 def _check_pool(options: dict[str, Any]) -> list[Error]:
-    from .bridge import POOL_DEFAULTS
+    from .store.bridge import POOL_DEFAULTS
 
     if "poolclass" in options:
         return []  # NullPool and friends: no fixed size

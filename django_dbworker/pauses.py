@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, connections, transaction
 
-from . import clock, conf
+from . import conf
 from .models import WorkerPause
-from .registry import registry
+from .registration.registry import registry
+from .store import clock
 from .vendors import PAUSE_NOTICE, for_connection
 
 if TYPE_CHECKING:
-    from .bridge import Bridge
-    from .wakeups import Wakeups
+    from .coordinator.wakeups import Wakeups
+    from .store.bridge import Bridge
 
 # The coordinator's logger: pauses are news of the coordinator's, where operators look.
 logger = logging.getLogger("django_dbworker.coordinator")

@@ -26,7 +26,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from . import clock, conf, failpoints
+from . import conf
+from .processes import failpoints
+from .store import clock
 
 logger = logging.getLogger("django_dbworker.schedules")
 CATCH_UP = ("latest", "all", "skip")

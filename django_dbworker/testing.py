@@ -28,8 +28,9 @@ from typing import Any
 
 from django.db import transaction
 
-from . import conf, protocol
-from .registry import Worker, registry
+from . import conf
+from .processes import protocol
+from .registration.registry import Worker, registry
 from .status import ExecutionStatus
 from .store import transitions
 from .store.session import OnDjango
@@ -79,7 +80,7 @@ def _claimable(worker: Worker, database: str, include_waiting: bool) -> list[Any
 
 
 def _run_worker(worker: Worker, database: str, stats: Counter[str], include_waiting: bool) -> int:
-    from .child import run_group
+    from .processes.child import run_group
 
     rows = _claimable(worker, database, include_waiting)
     if not rows:

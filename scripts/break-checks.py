@@ -41,23 +41,23 @@ class Break:
 
 
 BREAKS = [
-    Break("lease-renewal", "leases are never renewed", "django_dbworker/bridge.py",
+    Break("lease-renewal", "leases are never renewed", "django_dbworker/store/bridge.py",
           '"""Push the lease of rows this coordinator still holds; returns how many."""\n',
           '"""Push the lease of rows this coordinator still holds; returns how many."""\n'
           "        return 0\n",
           ("tests/test_crash.py::test_a_handler_longer_than_the_lease_keeps_its_row",
            "tests/test_crash.py::test_a_live_coordinators_claim_is_renewed_and_never_taken_over")),
-    Break("lease-recovery", "expired leases are never taken back", "django_dbworker/recovery.py",
+    Break("lease-recovery", "expired leases are never taken back", "django_dbworker/coordinator/recovery.py",
           "recovered = self.bridge.recover_expired(w)", "recovered = 0",
           ("tests/test_crash.py::test_a_killed_coordinator_and_child_lose_nothing_the_lease_"
            "returns_the_row",)),
     Break("token-guard", "a child's outcome commits without checking its claim token",
-          "django_dbworker/child.py",
+          "django_dbworker/processes/child.py",
           "guard |= Q(id__in=ids, claim_token=token)", "guard |= Q(id__in=ids)",
           ("tests/test_crash.py::test_a_stale_childs_commit_is_refused_while_the_new_holder_"
            "still_runs",)),
     Break("commit-guard", "a child's outcome commits whatever became of its claim",
-          "django_dbworker/child.py",
+          "django_dbworker/processes/child.py",
           "    return guard & Q(status=ExecutionStatus.WORKING)\n",
           "    return Q(id__in=[row.execution_id for row in rows])\n",
           ("tests/test_crash.py::test_a_stale_child_that_wakes_after_the_takeover_has_its_"
@@ -79,86 +79,86 @@ BREAKS = [
           ("tests/test_hostile_names.py::test_a_hostile_table_and_column_get_triggers_backfill_"
            "cleanup_and_reruns",)),
     Break("bind-worker-name", "migrate's clean-up pastes the worker name into its DELETE",
-          "django_dbworker/installation.py",
+          "django_dbworker/installation/triggers.py",
           "WHERE worker = {bound(w.name)} AND", "WHERE worker = '{w.name}' AND",
           ("tests/test_hostile_names.py::test_a_hostile_queue_installed_anyway_deletes_nothing_"
            "of_another_worker",)),
     Break("change-probe", "idle coordinators never probe for changes",
-          "django_dbworker/wakeups.py",
+          "django_dbworker/coordinator/wakeups.py",
           "        if token[0] != last[0]:\n            self.wake_all()\n",
           "        if token[0] != last[0]:\n            pass\n",
           ("tests/test_wakeups.py::test_the_first_row_after_a_long_idle_is_picked_up_at_once",),
           ("sqlite",)),  # (MariaDB waits in the server instead: the change-wait break)
     Break("change-wait", "MariaDB's wait in the server wakes no worker on new rows",
-          "django_dbworker/changewait.py",
+          "django_dbworker/coordinator/changewait.py",
           "                changed.add(ANY_WORKER_NOTICE)\n", "                pass\n",
           ("tests/test_changewait.py::test_an_idle_coordinator_waits_in_the_server_and_picks_up_"
            "a_row_at_once",
            "tests/test_wakeups.py::test_the_first_row_after_a_long_idle_is_picked_up_at_once"),
           ("mysql",)),
     Break("doorbell", "an idle SQLite coordinator does not probe when its doorbell rings",
-          "django_dbworker/wakeups.py",
+          "django_dbworker/coordinator/wakeups.py",
           "        if self._rang(now):\n", "        if self._rang(now) and False:\n",
           ("tests/test_wakeups.py::test_on_sqlite_an_idle_coordinator_sleeps_until_the_doorbell_"
            "rings",),
           ("sqlite",)),
     Break("skip-locked", "claims wait for rows another transaction locked",
-          "django_dbworker/bridge.py",
+          "django_dbworker/store/bridge.py",
           "return select.with_for_update(skip_locked=True, of=self.execution)",
           "return select.with_for_update(of=self.execution)",
           ("tests/test_guarantees.py::test_a_row_locked_by_another_transaction_is_skipped_not_"
            "waited_for",),
           ("postgres",)),
     Break("skip-locked-mariadb", "claims wait for rows another transaction locked (MariaDB)",
-          "django_dbworker/bridge.py",
+          "django_dbworker/store/bridge.py",
           "return select.with_for_update(skip_locked=True)\n",
           "return select.with_for_update()\n",
           ("tests/test_guarantees.py::test_a_row_locked_by_another_transaction_is_skipped_not_"
            "waited_for",),
           ("mysql",)),
-    Break("autodiscovery", "workers.py modules are not imported", "django_dbworker/discovery.py",
+    Break("autodiscovery", "workers.py modules are not imported", "django_dbworker/registration/discovery.py",
           '        autodiscover_modules("workers")\n', "        pass\n",
           ("tests/test_registry.py::test_workers_py_is_autodiscovered",), ("sqlite",)),
     Break("drain-wait", "--drain ends while its handlers still run",
-          "django_dbworker/coordinator.py",
+          "django_dbworker/coordinator/loop.py",
           "            not p.busy and (self.wakeups.backoff",
           "            (self.wakeups.backoff",
           # (Only a pool with a free slot beside a running handler can end early.)
           ("tests/test_drain.py",)),
-    Break("poll-backoff", "idle claims never back off", "django_dbworker/backoff.py",
+    Break("poll-backoff", "idle claims never back off", "django_dbworker/coordinator/backoff.py",
           "self.delay = min(self.delay * 2, self.most)", "self.delay = self.first",
           ("tests/test_wakeups.py::test_an_idle_coordinator_backs_off_its_polls_up_to_max_poll_"
            "seconds",)),
     Break("stuck-give-back", "rows waiting behind a stuck handler stay with its child",
-          "django_dbworker/pool.py",
+          "django_dbworker/processes/pool.py",
           "elif len(child.outstanding) > 1 and now >= running.started + self.stuck_after():",
           "elif False:",
           ("tests/test_crash.py::test_rows_sent_ahead_to_a_child_are_given_back_when_its_"
            "handler_is_stuck",)),
     Break("stop-give-back", "a stopping child runs the rows sent ahead anyway",
-          "django_dbworker/child.py",
+          "django_dbworker/processes/child.py",
           "    if stop.value or slot[SLOT_REVOKE]:\n        slot[SLOT_REVOKE] = 0\n",
           "    if slot[SLOT_REVOKE]:\n        slot[SLOT_REVOKE] = 0\n",
           ("tests/test_crash.py::test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_"
            "not_started",)),
     Break("graceful-stop", "the first SIGTERM kills running handlers",
-          "django_dbworker/coordinator.py",
+          "django_dbworker/coordinator/loop.py",
           "        if self._stopping:\n            force = True\n", "        force = True\n",
           ("tests/test_runworkers.py::test_sigterm_finishes_running_handlers_then_exits_zero",
            "tests/test_crash.py::test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_"
            "not_started")),
     Break("children-ignore-sigint", "Ctrl-C in a terminal reaches the handlers",
-          "django_dbworker/child.py",
+          "django_dbworker/processes/child.py",
           "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n", "",
           ("tests/test_runworkers.py::test_children_ignore_ctrl_c_sent_to_the_process_group",)),
     Break("dead-pid-release", "a dead coordinator of this host keeps its claims until they "
-          "expire", "django_dbworker/bridge.py",
+          "expire", "django_dbworker/store/bridge.py",
           "dead = [r for r in others if not alive(r.pid)]", "dead = []",
           ("tests/test_crash.py::test_claims_of_a_coordinator_that_died_on_this_machine_are_"
            "released_at_once",
            "tests/test_crash_points.py::test_a_crash_at_any_point_loses_nothing_and_commits_"
            "nothing_twice[coordinator.after_claim]")),
-    Break("nulls-order", "claims ignore nulls_first/nulls_last", "django_dbworker/bridge.py",
+    Break("nulls-order", "claims ignore nulls_first/nulls_last", "django_dbworker/store/bridge.py",
           "            if t.nulls_first or t.nulls_last:\n", "            if False:\n",
           ("tests/test_guarantees.py::test_eligible_with_q_and_nulls_ordering_orders_a_real_"
            "claim",)),
@@ -173,22 +173,22 @@ BREAKS = [
           "                          f'title=\"{status}\">Unknown ({status})</span>')\n",
           ("tests/test_templatetags.py::test_a_hostile_status_value_is_escaped_by_the_tag_itself",),
           ("sqlite",)),
-    Break("admin-permission", "a viewer may run the run-again action", "django_dbworker/admin.py",
+    Break("admin-permission", "a viewer may run the run-again action", "django_dbworker/admin/__init__.py",
           '@admin.action(description="Run finished executions again", permissions=["change"])',
           '@admin.action(description="Run finished executions again")',
           ("tests/test_admin.py::test_viewer_sees_pages_but_changes_nothing",), ("sqlite",)),
     Break("trigger-preflight", "a coordinator starts without its workers' triggers",
-          "django_dbworker/preflight.py",
+          "django_dbworker/installation/preflight.py",
           "    missing = missing_triggers(database, workers)\n", "    missing: list[str] = []\n",
           ("tests/test_guarantees.py::test_missing_triggers_from_the_command_line_are_one_line_"
            "and_a_non_zero_exit",)),
-    Break("database-setting", "DBWORKER['DATABASE'] is ignored", "django_dbworker/options.py",
+    Break("database-setting", "DBWORKER['DATABASE'] is ignored", "django_dbworker/registration/options.py",
           'database=overrides.get("database") or conf.value("DATABASE"),',
           'database=overrides.get("database") or "default",',
           ("tests/test_guarantees.py::test_the_database_setting_chooses_the_coordination_"
            "database",)),
     Break("worker-modules", "DBWORKER['WORKER_MODULES'] is ignored",
-          "django_dbworker/discovery.py",
+          "django_dbworker/registration/discovery.py",
           "    if modules is None:\n        autodiscover_modules", "    if True:\n        autodiscover_modules",
           ("tests/test_guarantees.py::test_worker_modules_replaces_autodiscovery",), ("sqlite",)),
     Break("claimable-index-hint", "MariaDB claims may walk Execution's primary key",
@@ -197,7 +197,7 @@ BREAKS = [
           ("tests/test_claims.py::test_the_claim_plan_reads_the_claimable_index_not_the_history",),
           ("mysql",)),
     Break("rerun-flag", "a change while a row runs is forgotten when its outcome commits",
-          "django_dbworker/child.py",
+          "django_dbworker/processes/child.py",
           "    flagged = Q(rerun_requested=True)\n", "    flagged = Q(pk__in=[])\n",
           ("tests/test_reruns.py::test_a_change_while_it_runs_makes_it_run_once_more_after_its_"
            "commit", "tests/test_reruns.py::test_rows_changed_under_running_workers_all_run_with_"
@@ -219,7 +219,7 @@ BREAKS = [
           ("tests/test_schedules.py::test_a_coordinator_frozen_inside_a_slots_transaction_holds_"
            "up_no_one",), ("postgres", "mysql")),
     Break("crash-count", "a row whose child dies is claimable again at once, for ever",
-          "django_dbworker/retry.py",
+          "django_dbworker/store/retry.py",
           "        if crashes >= self.max_crashes:\n            return RetryDecision(ExecutionStatus.FAILED, None)\n"
           "        if self.max_attempts is not None:\n",
           "        return RetryDecision(ExecutionStatus.UNFINISHED, None, failed_attempt=False)\n"
@@ -227,19 +227,19 @@ BREAKS = [
           ("tests/test_poison.py::test_a_row_that_kills_its_child_is_quarantined_and_the_rows_"
            "behind_it_run",)),
     Break("due-while-busy", "rows that become due wait until the worker's backlog drains",
-          "django_dbworker/due.py",
+          "django_dbworker/coordinator/due.py",
           "or (worker in self._busy and now - self._looked.get(worker, 0.0) >= LOOK_SECONDS))",
           "or False)",
           ("tests/test_poison.py::test_a_row_that_kills_its_child_is_quarantined_and_the_rows_"
            "behind_it_run",)),
     Break("due-while-busy-known", "a busy worker that knows a later due time does not look "
-          "for retries written since", "django_dbworker/due.py",
+          "for retries written since", "django_dbworker/coordinator/due.py",
           "return ((due is not None and due <= now)\n                or (worker in self._busy",
           "return ((due <= now) if due is not None\n                else (worker in self._busy",
           ("tests/test_poison.py::test_a_retry_is_claimed_while_the_backlog_drains_when_a_later_"
            "row_waits_too",)),
     Break("one-clock", "a child writes a retry's due time from its host's clock",
-          "django_dbworker/child.py",
+          "django_dbworker/processes/child.py",
           "due = for_connection(connections[alias]).now_expression(decision.delay)",
           "due = (__import__('django.utils.timezone').utils.timezone.now()\n"
           "               + __import__('datetime').timedelta(seconds=decision.delay))",

@@ -178,15 +178,15 @@ def seconds_to_claim() -> float:
 def execution(worker: str, obj) -> Execution:
     """This row's Execution for ``worker`` (``obj``: an instance or a primary key)."""
     from django_dbworker.api import source_key
-    from django_dbworker.registry import registry
+    from django_dbworker.registration.registry import registry
 
     return Execution.objects.get(worker=worker, source_id=source_key(registry[worker], obj))
 
 
 def claim(worker: str, limit: int = 1, claimer: str = "test:1", **bridge_options) -> list:
     """Claim rows through a Bridge of its own, as another coordinator would."""
-    from django_dbworker.bridge import Bridge
-    from django_dbworker.registry import registry
+    from django_dbworker.registration.registry import registry
+    from django_dbworker.store.bridge import Bridge
 
     bridge = Bridge(**bridge_options)
     try:
@@ -203,9 +203,9 @@ def claim_and_run_group(worker_name, n, tamper=None, *, monkeypatch):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker import child
-    from django_dbworker.child import SLOT_SIZE, run_group
-    from django_dbworker.registry import registry
+    from django_dbworker.processes import child
+    from django_dbworker.processes.child import SLOT_SIZE, run_group
+    from django_dbworker.registration.registry import registry
 
     monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
     claims = claim(worker_name, n, "test:group")
@@ -380,7 +380,7 @@ def without_trigger(name: str, model) -> Iterator[None]:
     ``model``'s table) while the block runs; every trigger is installed again after."""
     from django.db import connection
 
-    from django_dbworker.installation import install
+    from django_dbworker.installation.triggers import install
     from django_dbworker.vendors import for_connection
 
     with connection.cursor() as cursor:

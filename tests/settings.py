@@ -88,7 +88,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Short leases and polls keep the tests that wait for a lease to expire quick.
 DBWORKER: dict[str, object] = {"LEASE_SECONDS": 3, "POLL_SECONDS": 0.05, "MAX_POLL_SECONDS": 0.5}
 # The crash tests arm a failpoint in one runworkers process through its environment; the
-# package itself reads only the setting (see django_dbworker/failpoints.py).
+# package itself reads only the setting (see django_dbworker/processes/failpoints.py).
 if os.environ.get("DBWORKER_FAILPOINT"):
     DBWORKER["FAILPOINT"] = os.environ["DBWORKER_FAILPOINT"]
 # django.tasks on this app's claims: two backends (aliases), queues with their own options.

@@ -15,9 +15,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dbworker import ExecutionStatus, clock, execution_status, registry
+from django_dbworker import ExecutionStatus, execution_status, registry
 from django_dbworker.admin import format_age
 from django_dbworker.models import CoordinatorHeartbeat, Execution
+from django_dbworker.store import clock
 from tests.helpers import mark_failed
 from tests.testapp.models import Document, Tag, UuidItem
 
@@ -433,7 +434,7 @@ def test_dashboard_figures(admin_client: Client) -> None:
 
 
 def test_dashboard_caps_the_finished_count(admin_client: Client, monkeypatch: Any) -> None:
-    monkeypatch.setattr("django_dbworker.dashboard.FINISHED_COUNT_LIMIT", 2)
+    monkeypatch.setattr("django_dbworker.admin.dashboard.FINISHED_COUNT_LIMIT", 2)
     documents = make_documents(3)
     finish(docs_executions(documents))
     response = admin_client.get(DASHBOARD)

@@ -10,9 +10,9 @@ import pytest
 from django.db import connection
 
 from django_dbworker import Coordinator
-from django_dbworker.bridge import Bridge
-from django_dbworker.changewait import WAIT_SECONDS, ChangeWait
+from django_dbworker.coordinator.changewait import WAIT_SECONDS, ChangeWait
 from django_dbworker.pauses import pause, resume
+from django_dbworker.store.bridge import Bridge
 from django_dbworker.vendors import ANY_WORKER_NOTICE, PAUSE_NOTICE
 from tests.helpers import counting_probes, execution, seconds_to_claim, wait_for
 from tests.testapp.models import Document
@@ -128,7 +128,7 @@ def test_a_wait_that_goes_silent_is_given_up_without_blocking(waiting, monkeypat
     a word (a partition): the wait says it is not usable, and drain() raises at once
     instead of blocking the coordinator on a read that may never end. (SILENT_SECONDS is
     made shorter than one statement here, so a healthy wait stands in for a silent one.)"""
-    from django_dbworker import changewait
+    from django_dbworker.coordinator import changewait
 
     wait = waiting
     assert readable(wait, 5)

@@ -7,9 +7,9 @@ import time
 import pytest
 from django.db import connection
 
-from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
-from django_dbworker.registry import registry
+from django_dbworker.registration.registry import registry
+from django_dbworker.store.bridge import Bridge
 from tests.helpers import analyze, claim, drain, effects
 from tests.testapp.models import Author, Document, Effect
 
@@ -65,7 +65,7 @@ def test_order_across_a_relation():
 def test_nulls_last_ordering_expression():
     from django.db.models import F
 
-    from django_dbworker.bridge import ordering_terms
+    from django_dbworker.store.bridge import ordering_terms
 
     _, terms = ordering_terms([F("priority").desc(nulls_last=True), "-id", "title"])
     assert [(t.descending, t.nulls_last) for t in terms] == [(True, True), (True, False), (False, False)]
@@ -214,7 +214,7 @@ def test_a_backlog_is_claimed_from_the_last_full_claim_on_and_rows_given_back_be
     a retry or a recovered row alike) is claimed by the next claim that comes back
     short, or by the claim that looks from the start once in every FLOOR_SECONDS, also
     while every claim comes back full."""
-    from django_dbworker.bridge import FLOOR_SECONDS
+    from django_dbworker.store.bridge import FLOOR_SECONDS
 
     docs = [Document.objects.create() for _ in range(8)]
     worker = registry["docs"]

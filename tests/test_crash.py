@@ -98,7 +98,7 @@ def test_rows_waiting_behind_a_handler_longer_than_the_lease_keep_their_claims(m
     On SQLite its transaction holds the one write lock, so nothing can be renewed until it
     commits: the leases run out meanwhile. The coordinator must not take its own live
     claims back as expired then: each row runs once, in its first attempt."""
-    from django_dbworker.pool import Pool
+    from django_dbworker.processes.pool import Pool
 
     monkeypatch.setattr(Pool, "STUCK_SECONDS", 3600.0)  # the rows stay behind it
     coordinator = Coordinator(["docs"], concurrency=1)
@@ -392,7 +392,7 @@ def test_rows_sent_ahead_to_a_child_are_given_back_when_its_handler_is_stuck(cap
 def test_a_graceful_stop_gives_back_the_rows_sent_ahead_that_had_not_started(monkeypatch):
     """Stop claiming, let the running handler finish: the rows waiting behind it in its
     child go back as they were (claimable now, attempt not counted), not left working."""
-    from django_dbworker.pool import Pool
+    from django_dbworker.processes.pool import Pool
 
     monkeypatch.setattr(Pool, "STUCK_SECONDS", 3600.0)  # only the stop gives rows back here
     coordinator = Coordinator(["docs"], concurrency=1)

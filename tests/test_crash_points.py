@@ -2,7 +2,7 @@
 that every row ends FINISHED (FAILED where its handler fails) with its business effect
 committed exactly once.
 
-The points are failpoints in the package (django_dbworker/failpoints.py), armed through
+The points are failpoints in the package (django_dbworker/processes/failpoints.py), armed through
 DBWORKER_FAILPOINT in one `runworkers` process only: it SIGKILLs itself the first time it
 gets there. After a coordinator dies, a second coordinator on this machine takes over: its
 heartbeat check sees the dead process and hands its rows over at once.
@@ -79,7 +79,7 @@ def test_a_crash_at_any_point_loses_nothing_and_commits_nothing_twice(point, tmp
 
 
 def test_an_unset_failpoint_does_nothing():
-    from django_dbworker import failpoints
+    from django_dbworker.processes import failpoints
 
     failpoints.reached("child.before_commit")  # not armed in this process: returns
     assert os.environ.get("DBWORKER_FAILPOINT") is None

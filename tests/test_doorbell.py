@@ -10,7 +10,7 @@ from contextlib import closing
 
 import pytest
 
-from django_dbworker.doorbell import file_doorbell
+from django_dbworker.coordinator.doorbell import file_doorbell
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
 

@@ -13,10 +13,10 @@ from django.utils import timezone
 
 import django_dbworker
 from django_dbworker import Coordinator
-from django_dbworker.bridge import Bridge
-from django_dbworker.installation import install
+from django_dbworker.installation.triggers import install
 from django_dbworker.models import Execution
-from django_dbworker.registry import Worker, registry
+from django_dbworker.registration.registry import Worker, registry
+from django_dbworker.store.bridge import Bridge
 from tests.helpers import (
     claim,
     effects,

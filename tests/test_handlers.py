@@ -7,7 +7,7 @@ import pytest
 
 from django_dbworker import ExecutionStatus, execution_status, reset_failed, state
 from django_dbworker.models import Execution
-from django_dbworker.registry import registry
+from django_dbworker.registration.registry import registry
 from tests.helpers import (
     claim,
     claim_and_run_group,
@@ -215,7 +215,7 @@ def test_a_child_hands_back_rows_it_has_not_started(why, rows):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.child import SLOT_REVOKE, SLOT_SIZE, run_group
+    from django_dbworker.processes.child import SLOT_REVOKE, SLOT_SIZE, run_group
 
     [Document.objects.create() for _ in range(rows)]
     claims = claim("docs", rows, "test:stop")
@@ -269,7 +269,7 @@ def test_on_commit_callbacks_of_a_rolled_back_handler_in_a_group_do_not_run(fail
 def _run_until_done(worker_name, pending):
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.child import SLOT_SIZE, run_group
+    from django_dbworker.processes.child import SLOT_SIZE, run_group
 
     results = []
     while pending:
@@ -356,8 +356,8 @@ def test_a_row_revoked_as_it_is_about_to_start_alone_is_handed_back_unrun(monkey
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker import child
-    from django_dbworker.child import SLOT_REVOKE, SLOT_SEQ, SLOT_SIZE, run_group
+    from django_dbworker.processes import child
+    from django_dbworker.processes.child import SLOT_REVOKE, SLOT_SEQ, SLOT_SIZE, run_group
 
     doc = Document.objects.create()
     [held] = claim("docs", 1, "test:alone")

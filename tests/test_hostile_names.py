@@ -17,9 +17,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 
-from django_dbworker.installation import install, missing_triggers
+from django_dbworker.installation.triggers import install, missing_triggers
 from django_dbworker.models import Execution, Task
-from django_dbworker.registry import Worker, registry
+from django_dbworker.registration.registry import Worker, registry
 from django_dbworker.tasks.queues import BACKEND, QueueWorker, queue_worker_name
 from django_dbworker.tasks.runner import run_task
 from django_dbworker.vendors import for_connection

@@ -8,14 +8,14 @@ from django.core.management import call_command
 from django.db import connection
 
 from django_dbworker import Coordinator, ExecutionStatus, execution_status
-from django_dbworker.installation import (
+from django_dbworker.installation.triggers import (
     existing_triggers,
     install,
     installed_triggers,
     missing_triggers,
 )
 from django_dbworker.models import Execution
-from django_dbworker.registry import Worker, registry
+from django_dbworker.registration.registry import Worker, registry
 from django_dbworker.vendors import for_connection
 from tests.helpers import execution, insert_raw, without_trigger
 from tests.testapp.models import Document, Tag, UuidItem
@@ -181,7 +181,7 @@ def test_a_handler_defined_in_main_is_refused_with_the_fix():
     not. The coordinator says so before it starts a child."""
     import dataclasses
 
-    from django_dbworker.preflight import check_can_start
+    from django_dbworker.installation.preflight import check_can_start
 
     def in_a_script(tag):
         return None

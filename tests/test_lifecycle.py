@@ -16,12 +16,11 @@ import pytest
 import sqlalchemy as sa
 from django.db import transaction
 
-from django_dbworker import clock
-from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
-from django_dbworker.retry import RetryDecision
 from django_dbworker.status import ExecutionStatus
-from django_dbworker.store import transitions
+from django_dbworker.store import clock, transitions
+from django_dbworker.store.bridge import Bridge
+from django_dbworker.store.retry import RetryDecision
 from django_dbworker.store.session import OnDjango, OnEngine
 from django_dbworker.store.transitions import Ended
 from tests.helpers import claim, execution

@@ -8,9 +8,9 @@ from django.db import connection
 from django.urls import reverse
 
 from django_dbworker import ExecutionStatus
-from django_dbworker.installation import Report, install
+from django_dbworker.installation.triggers import Report, install
 from django_dbworker.models import CoordinatorHeartbeat, Execution, InstalledTrigger
-from django_dbworker.registry import registry
+from django_dbworker.registration.registry import registry
 from django_dbworker.vendors import for_connection
 from tests.helpers import mark_failed
 from tests.testapp.models import Document

@@ -18,9 +18,9 @@ from django.db import connection
 from django.urls import reverse
 
 from django_dbworker import Coordinator
-from django_dbworker.diagnosis import diagnose
-from django_dbworker.metrics import BACKLOG_MAX_AGE
+from django_dbworker.admin.diagnosis import diagnose
 from django_dbworker.models import CoordinatorHeartbeat, Execution, WorkerPause
+from django_dbworker.operations.metrics import BACKLOG_MAX_AGE
 from django_dbworker.pauses import pause, resume
 from tests.helpers import (
     analyze,
@@ -178,7 +178,7 @@ def test_the_counters_count_unfinished_retried_and_crashed_runs():
 def test_readyz_says_not_ready_while_the_database_is_down(tmp_path):
     """The coordinator's database health is what /readyz reports: an outage makes it 503
     (and /healthz stays 200: restarting would not help)."""
-    from django_dbworker.probes import ProbeServer
+    from django_dbworker.operations.probes import ProbeServer
 
     port = free_port()
     state = {"last_pass": time.monotonic(), "database": False, "children_ready": True,
@@ -460,9 +460,9 @@ def test_the_gauges_and_the_chart_read_indexes_not_the_history():
     from django.db import connection
     from django.utils import timezone
 
-    from django_dbworker.bridge import Bridge
-    from django_dbworker.dashboard import chart_query
-    from django_dbworker.registry import registry
+    from django_dbworker.admin.dashboard import chart_query
+    from django_dbworker.registration.registry import registry
+    from django_dbworker.store.bridge import Bridge
 
     n = int(os.environ.get("DBWORKER_EXPLAIN_HISTORY", "100000"))
     old = datetime(2020, 1, 1, tzinfo=UTC)

@@ -14,9 +14,9 @@ import pytest
 from django.conf import settings
 from django.db import DatabaseError, connection, connections
 
-from django_dbworker.bridge import DATABASE_ERRORS, Bridge
+from django_dbworker.coordinator.outage import DatabaseHealth
 from django_dbworker.models import Execution
-from django_dbworker.outage import DatabaseHealth
+from django_dbworker.store.bridge import DATABASE_ERRORS, Bridge
 from django_dbworker.vendors import for_connection
 from tests.helpers import drain, effects, run_with_settings, runworkers, wait_for
 from tests.processes import Output, run_command, server_stop_start

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_dbworker import Coordinator
 from django_dbworker.models import Execution
-from django_dbworker.retry import MAX_CRASHES
+from django_dbworker.store.retry import MAX_CRASHES
 from tests.helpers import execution, wait_for
 from tests.testapp.models import Document, FaultJob
 

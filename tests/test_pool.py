@@ -13,8 +13,8 @@ from multiprocessing import Pipe
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from django_dbworker import protocol
-from django_dbworker.pool import (
+from django_dbworker.processes import protocol
+from django_dbworker.processes.pool import (
     MAX_START_FAILURES,
     ChildProcess,
     Died,
@@ -24,8 +24,8 @@ from django_dbworker.pool import (
     Settled,
     TimedOut,
 )
-from django_dbworker.protocol import Claim, Result
-from django_dbworker.registry import registry
+from django_dbworker.processes.protocol import Claim, Result
+from django_dbworker.registration.registry import registry
 
 
 class FakeProcess:

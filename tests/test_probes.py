@@ -24,13 +24,14 @@ from django.core.exceptions import ImproperlyConfigured
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from django_dbworker import Coordinator, probes
-from django_dbworker.events import EVENTS, UnknownEvent
-from django_dbworker.metrics import Backlog, Metrics
+from django_dbworker import Coordinator
 from django_dbworker.models import Execution
-from django_dbworker.options import METRICS_HOST, Options
-from django_dbworker.probes import ProbeServer
-from django_dbworker.registry import registry
+from django_dbworker.operations import probes
+from django_dbworker.operations.events import EVENTS, UnknownEvent
+from django_dbworker.operations.metrics import Backlog, Metrics
+from django_dbworker.operations.probes import ProbeServer
+from django_dbworker.registration.options import METRICS_HOST, Options
+from django_dbworker.registration.registry import registry
 from django_dbworker.status import ExecutionStatus
 from tests.helpers import claim, execution, runworkers, wait_for
 from tests.processes import Output

@@ -2,7 +2,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from django_dbworker import Finished, registry, worker
-from django_dbworker.registry import Registry
+from django_dbworker.registration.registry import Registry
 from tests.testapp.models import Document, Tag
 
 

@@ -7,7 +7,7 @@ from django.db import models
 from django.test.utils import isolate_apps
 
 from django_dbworker import Finished, worker
-from django_dbworker.registry import SOURCE_KEY_LENGTH, Registry
+from django_dbworker.registration.registry import SOURCE_KEY_LENGTH, Registry
 
 
 def handler(obj):

@@ -14,10 +14,10 @@ from django.db import connection
 from django.db.models import F
 
 from django_dbworker import Coordinator
-from django_dbworker.bridge import Bridge
 from django_dbworker.models import Execution
-from django_dbworker.registry import registry
+from django_dbworker.registration.registry import registry
 from django_dbworker.store import transitions
+from django_dbworker.store.bridge import Bridge
 from tests.helpers import (
     analyze,
     claim,
@@ -264,7 +264,7 @@ def test_stale_rows_are_found_through_the_waiting_index_not_the_history():
 def test_the_admin_says_why_a_done_row_runs_again(admin_client):
     from django.urls import reverse
 
-    from django_dbworker.registry import registry
+    from django_dbworker.registration.registry import registry
 
     article = finished()
     Article.objects.filter(pk=article.pk).update(title="second", language="fr")

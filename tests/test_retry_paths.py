@@ -11,8 +11,8 @@ import pytest
 from django.utils import timezone
 
 from django_dbworker import Coordinator
-from django_dbworker.bridge import Bridge
-from django_dbworker.registry import registry
+from django_dbworker.registration.registry import registry
+from django_dbworker.store.bridge import Bridge
 from tests.helpers import claim, effects, execution
 from tests.testapp.models import Document, FaultJob, Tag
 
@@ -77,7 +77,7 @@ def test_a_deleted_source_is_spelled_the_same_by_the_child_and_by_recovery():
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.child import SLOT_SIZE, run_group
+    from django_dbworker.processes.child import SLOT_SIZE, run_group
 
     loaded = Document.objects.create()
     [held] = claim("docs")

@@ -1,4 +1,4 @@
-"""A lone row's source, loaded by SQL compiled once (django_dbworker.sources): the same
+"""A lone row's source, loaded by SQL compiled once (django_dbworker.processes.sources): the same
 instance as the default manager's .get(pk=...) gives, or .get() itself when the manager's
 queryset is not plain."""
 
@@ -7,8 +7,8 @@ import uuid
 import pytest
 from django.db.models import Count, F
 
-from django_dbworker import sources
 from django_dbworker.models import Task
+from django_dbworker.processes import sources
 from tests.testapp.models import Author, Document, Tag, UuidItem
 
 pytestmark = pytest.mark.django_db(transaction=True)

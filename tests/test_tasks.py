@@ -472,8 +472,8 @@ def test_the_claim_plan_reads_the_priority_index_not_the_backlog_or_history():
     the first rows of the claimable index in (priority, id) order, sorting nothing."""
     import random
 
-    from django_dbworker.bridge import Bridge
-    from django_dbworker.registry import registry
+    from django_dbworker.registration.registry import registry
+    from django_dbworker.store.bridge import Bridge
 
     rng = random.Random(1)
     ready = int(os.environ.get("DBWORKER_EXPLAIN_BACKLOG", "100000"))
@@ -513,7 +513,7 @@ def test_the_backend_is_recognised_by_its_class_not_its_path(path):
     from django.conf import settings
     from django.test import override_settings
 
-    from django_dbworker.registry import registry
+    from django_dbworker.registration.registry import registry
     from django_dbworker.tasks.queues import QueueWorker, is_database_backend, register_queues
 
     def unregister_queues():
@@ -562,8 +562,8 @@ def test_a_group_announces_each_task_once_outside_its_transaction(monkeypatch):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker import child
-    from django_dbworker.registry import registry
+    from django_dbworker.processes import child
+    from django_dbworker.registration.registry import registry
     from tests.helpers import claim
 
     results = [tasks.add.enqueue(1, 2), tasks.fail.enqueue("in a group"), tasks.nothing.enqueue(3)]

@@ -85,9 +85,9 @@ def probing():
     where gap_after_probe(now) runs the change probe at ``now`` against the real
     database (no NOTIFY, as on MariaDB, SQLite, or PostgreSQL behind PgBouncer) and says
     what it saw and how long until the next one. PROBE_SECONDS is 0.02."""
-    from django_dbworker.bridge import Bridge
-    from django_dbworker.outage import DatabaseHealth
-    from django_dbworker.wakeups import Probed, Wakeups
+    from django_dbworker.coordinator.outage import DatabaseHealth
+    from django_dbworker.coordinator.wakeups import Probed, Wakeups
+    from django_dbworker.store.bridge import Bridge
 
     options = Coordinator(["docs"], probe_seconds=0.02).settings
     bridge = Bridge("default", options.lease_seconds)
@@ -108,7 +108,7 @@ def test_the_change_probe_slows_to_half_its_rate_after_a_quiet_second_and_speeds
         probing):
     """An idle coordinator probes every PROBE_SECONDS while changes come, then half as
     often: each probe costs a wake-up and a query (the idle CPU budget)."""
-    from django_dbworker.wakeups import QUIET_FACTOR, QUIET_SECONDS, Probed
+    from django_dbworker.coordinator.wakeups import QUIET_FACTOR, QUIET_SECONDS, Probed
 
     _, gap_after_probe = probing
     assert gap_after_probe(100.0)[0] is Probed.NOTHING  # the first answer: a baseline
@@ -129,7 +129,7 @@ def test_on_sqlite_an_idle_coordinator_sleeps_until_the_doorbell_rings():
     database's files were written (and once a DOORBELL_BACKSTOP_SECONDS otherwise), not
     every 0.04 s; a row inserted after an idle stretch is still picked up at once. Where
     there is no doorbell (a server: MariaDB, PostgreSQL) there is none."""
-    from django_dbworker.wakeups import DOORBELL_BACKSTOP_SECONDS
+    from django_dbworker.coordinator.wakeups import DOORBELL_BACKSTOP_SECONDS
 
     coordinator = Coordinator(["docs"], poll_seconds=0.25, max_poll_seconds=10,
                               probe_seconds=0.02)
@@ -165,7 +165,7 @@ def test_a_ring_brings_the_probe_at_once_then_again_soon_until_it_sees_the_chang
     then only on the backstop's timer. A ring that brings nothing (a checkpoint) stops
     the follow-ups after RING_SECONDS. (A bell rung by hand here; the real one is tested
     in tests/test_doorbell.py. The probe runs against the real database.)"""
-    from django_dbworker.wakeups import DOORBELL_BACKSTOP_SECONDS, RING_SECONDS, Probed
+    from django_dbworker.coordinator.wakeups import DOORBELL_BACKSTOP_SECONDS, RING_SECONDS, Probed
 
     class Bell:
         ringing = broken = False

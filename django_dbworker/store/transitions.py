@@ -20,9 +20,9 @@ from typing import Any, Literal, Protocol
 
 import sqlalchemy as sa
 
-from ..retry import RetryDecision
 from ..status import ExecutionStatus
 from ..vendors import Vendor
+from .retry import RetryDecision
 from .session import Session
 from .tables import execution_table
 

@@ -77,7 +77,7 @@ class DatabaseBackend(BaseTaskBackend):
         from ..api import source_key
         from ..models import Execution
         from ..models import Task as TaskRow
-        from ..registry import registry
+        from ..registration.registry import registry
         from .results import to_result
 
         database = _database()

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from ..registry import Worker, registry
+from ..registration.registry import Worker, registry
 
 BACKEND = "django_dbworker.tasks.DatabaseBackend"
 # The paths of DatabaseBackend, known without an import; a subclass of it is ours too.
@@ -174,7 +174,7 @@ def queue_options(alias: str, params: dict[str, Any], queue: str) -> dict[str, A
 def register_queues() -> None:
     """Register a worker per queue of every DatabaseBackend in TASKS (idempotent)."""
     from ..models import Task
-    from ..registry import validate
+    from ..registration.registry import validate
     from .runner import run_task
 
     for alias, params in backends():

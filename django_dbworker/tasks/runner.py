@@ -27,9 +27,10 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import child, clock
 from ..outcomes import Finished
-from ..protocol import Delivery
+from ..processes import child
+from ..processes.protocol import Delivery
+from ..store import clock
 from . import values
 from .compat import TaskContext, TaskResultStatus, task_finished, task_started
 from .results import import_task, to_result, worker_ids_of
@@ -79,7 +80,7 @@ def announce_started(alias: str, pending: Iterable[Delivery]) -> None:
     however the task ends. Nothing here stops a task: if the rows cannot be read, they
     are announced by run_task(), inside their transaction, as before."""
     global _window
-    from ..identity import host
+    from ..coordinator.identity import host
     from ..models import Task
 
     front = list(islice(pending, child.GROUP_ROWS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from ..doorbell import file_doorbell
+from ..coordinator.doorbell import file_doorbell
 from .base import UnsupportedDatabase, Vendor
 
 

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from django_dbworker.admin_mixins import DBWorkerStatusMixin
+from django_dbworker.admin.mixins import DBWorkerStatusMixin
 
 from .models import Document
 

@@ -9,14 +9,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_dbworker import Coordinator
-from django_dbworker.options import (
+from django_dbworker.registration.options import (
     MAX_CONCURRENCY,
     METRICS_HOST,
     WAIT_FOR_DATABASE_SECONDS,
     Options,
     seconds,
 )
-from django_dbworker.registry import registry
+from django_dbworker.registration.registry import registry
 
 
 @pytest.mark.parametrize("option,value,message", [

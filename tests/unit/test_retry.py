@@ -3,9 +3,9 @@ back-offs that stay within what a database can store."""
 
 import pytest
 
-from django_dbworker import retry
-from django_dbworker.retry import MAX_CRASHES, MAX_DELAY_SECONDS, RetryDecision, RetryPolicy
 from django_dbworker.status import ExecutionStatus
+from django_dbworker.store import retry
+from django_dbworker.store.retry import MAX_CRASHES, MAX_DELAY_SECONDS, RetryDecision, RetryPolicy
 
 UNFINISHED, FAILED = ExecutionStatus.UNFINISHED, ExecutionStatus.FAILED
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import itertools
 
-from django_dbworker.admin_mixins import TRANSITIONS
+from django_dbworker.admin.mixins import TRANSITIONS
 from django_dbworker.outcomes import Finished, Unfinished
-from django_dbworker.retry import RetryPolicy
 from django_dbworker.status import CLAIMABLE, WAITING, ExecutionStatus
+from django_dbworker.store.retry import RetryPolicy
 
 PENDING, WORKING, UNFINISHED, FINISHED, FAILED = (
     ExecutionStatus.PENDING, ExecutionStatus.WORKING, ExecutionStatus.UNFINISHED,

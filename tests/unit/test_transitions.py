@@ -9,9 +9,9 @@ import re
 import pytest
 from sqlalchemy.dialects import mysql
 
-from django_dbworker.retry import RetryDecision
 from django_dbworker.status import ExecutionStatus
 from django_dbworker.store import transitions
+from django_dbworker.store.retry import RetryDecision
 from django_dbworker.store.session import Ran
 from django_dbworker.store.transitions import Ended
 from django_dbworker.vendors import MySQL

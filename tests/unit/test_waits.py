@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from django_dbworker.backoff import QUIET_FACTOR, QUIET_SECONDS, Backoff
-from django_dbworker.due import LOOK_SECONDS, DueRows
-from django_dbworker.wakeups import Probed, Wakeups
+from django_dbworker.coordinator.backoff import QUIET_FACTOR, QUIET_SECONDS, Backoff
+from django_dbworker.coordinator.due import LOOK_SECONDS, DueRows
+from django_dbworker.coordinator.wakeups import Probed, Wakeups
 
 POLL = 0.25
 DOCS, MAIL = SimpleNamespace(name="docs"), SimpleNamespace(name="mail")

@@ -24,7 +24,7 @@ from django.db.models import Count
 
 from django_dbworker import conf
 from django_dbworker.models import CoordinatorHeartbeat, Execution
-from django_dbworker.registry import registry
+from django_dbworker.registration.registry import registry
 from django_dbworker.status import ExecutionStatus
 from django_dbworker.vendors import for_connection
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbworker.pauses import pause
-from django_dbworker.registry import UnknownWorker
+from django_dbworker.registration.registry import UnknownWorker
 
 
 class Command(BaseCommand):

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_dbworker import clock, conf
-from django_dbworker.dashboard import Dashboard, format_age
+from django_dbworker.admin.dashboard import Dashboard, format_age
 from django_dbworker.status import ExecutionStatus
 
 

@@ -11,9 +11,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_dbworker.coordinator import Coordinator
-from django_dbworker.options import METRICS_HOST, WAIT_FOR_DATABASE_SECONDS
-from django_dbworker.registry import UnknownWorker
+from django_dbworker.coordinator.loop import Coordinator
+from django_dbworker.registration.options import METRICS_HOST, WAIT_FOR_DATABASE_SECONDS
+from django_dbworker.registration.registry import UnknownWorker
 from django_dbworker.vendors import UnsupportedDatabase
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -87,7 +87,7 @@ class Command(BaseCommand):
         from django.db import connections
 
         from django_dbworker import conf
-        from django_dbworker.outage import wait_for_database
+        from django_dbworker.coordinator.outage import wait_for_database
         from django_dbworker.vendors import for_connection
 
         self._configure_logging(options.get("verbosity", 1))

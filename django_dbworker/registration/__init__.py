@@ -1,0 +1,1 @@
+"""Registering workers: the @worker decorator, its options, and finding workers.py modules."""
