@@ -89,7 +89,7 @@ CONNECTIONS_NEEDED = 3
 
 
 def _check_pool(options: dict[str, Any]) -> list[Error]:
-    from .store.bridge import POOL_DEFAULTS
+    from .store.engine import POOL_DEFAULTS
 
     if "poolclass" in options:
         return []  # NullPool and friends: no fixed size

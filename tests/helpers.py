@@ -400,3 +400,25 @@ def skip_or_fail(what: str, reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"cannot {what} and CI=true: {reason}")
     pytest.skip(f"cannot {what}: {reason}")
+
+
+# -- the claim's statements, for EXPLAIN ---------------------------------------------------
+def candidates(bridge, worker, limit: int):
+    """A worker's claim candidates (the SELECT its claim locks), from the start of its
+    rows; and whether their order is a custom one."""
+    from django_dbworker.store.claims import FLOOR
+
+    claims = bridge.claims
+    stmt, custom = claims._candidates(worker, limit, claims.eligible_sql(worker))
+    return stmt.params({FLOOR: 0}), custom
+
+
+def claim_sql(bridge, worker, limit: int = 1) -> str:
+    """The candidate SELECT as the database sees it."""
+    stmt, _ = candidates(bridge, worker, limit)
+    return str(stmt.compile(bridge.engine, compile_kwargs={"literal_binds": True}))
+
+
+def execute(bridge, sql: str) -> list:
+    with bridge.engine.connect() as conn:
+        return list(conn.exec_driver_sql(sql).all())

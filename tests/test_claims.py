@@ -10,7 +10,7 @@ from django.db import connection
 from django_dbworker.models import Execution
 from django_dbworker.registration.registry import registry
 from django_dbworker.store.bridge import Bridge
-from tests.helpers import analyze, claim, drain, effects
+from tests.helpers import analyze, claim, claim_sql, drain, effects, execute
 from tests.testapp.models import Author, Document, Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,7 +65,7 @@ def test_order_across_a_relation():
 def test_nulls_last_ordering_expression():
     from django.db.models import F
 
-    from django_dbworker.store.bridge import ordering_terms
+    from django_dbworker.store.claims import ordering_terms
 
     _, terms = ordering_terms([F("priority").desc(nulls_last=True), "-id", "title"])
     assert [(t.descending, t.nulls_last) for t in terms] == [(True, True), (True, False), (False, False)]
@@ -139,9 +139,9 @@ def test_expired_leases_are_recovered_and_renewed_leases_are_not():
 
 
 def explain(bridge, worker):
-    sql = bridge.claim_sql(worker, 10)
+    sql = claim_sql(bridge, worker, 10)
     prefix = {"postgresql": "EXPLAIN ", "mysql": "EXPLAIN ", "sqlite": "EXPLAIN QUERY PLAN "}[connection.vendor]
-    return "\n".join(" ".join(str(c) for c in row) for row in bridge.execute(prefix + sql))
+    return "\n".join(" ".join(str(c) for c in row) for row in execute(bridge, prefix + sql))
 
 
 def driving_access(plan: str) -> str:
@@ -214,7 +214,7 @@ def test_a_backlog_is_claimed_from_the_last_full_claim_on_and_rows_given_back_be
     a retry or a recovered row alike) is claimed by the next claim that comes back
     short, or by the claim that looks from the start once in every FLOOR_SECONDS, also
     while every claim comes back full."""
-    from django_dbworker.store.bridge import FLOOR_SECONDS
+    from django_dbworker.store.claims import FLOOR_SECONDS
 
     docs = [Document.objects.create() for _ in range(8)]
     worker = registry["docs"]

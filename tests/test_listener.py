@@ -12,9 +12,10 @@ import pytest
 from django.db import connection
 
 from django_dbworker import Coordinator
+from django_dbworker.coordinator.listening import listener_for
 from django_dbworker.coordinator.watching import Watcher
 from django_dbworker.registration.registry import registry
-from django_dbworker.store.bridge import Bridge, listener_for
+from django_dbworker.store.bridge import Bridge
 from tests.helpers import execution, wait_for
 from tests.testapp.models import Document
 

@@ -26,6 +26,7 @@ from tests.helpers import (
     analyze,
     drain,
     effects,
+    execute,
     execution,
     mark_failed,
     runworkers,
@@ -448,7 +449,7 @@ def _plan(bridge, sql: str) -> str:
     from django.db import connection
 
     prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
-    return "\n".join(" ".join(map(str, r)) for r in bridge.execute(prefix + sql))
+    return "\n".join(" ".join(map(str, r)) for r in execute(bridge, prefix + sql))
 
 
 def test_the_gauges_and_the_chart_read_indexes_not_the_history():

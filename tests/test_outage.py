@@ -16,9 +16,10 @@ from django.db import DatabaseError, connection, connections
 
 from django_dbworker.coordinator.outage import DatabaseHealth
 from django_dbworker.models import Execution
-from django_dbworker.store.bridge import DATABASE_ERRORS, Bridge
+from django_dbworker.store.bridge import Bridge
+from django_dbworker.store.engine import DATABASE_ERRORS
 from django_dbworker.vendors import for_connection
-from tests.helpers import drain, effects, run_with_settings, runworkers, wait_for
+from tests.helpers import drain, effects, execute, run_with_settings, runworkers, wait_for
 from tests.processes import Output, run_command, server_stop_start
 from tests.testapp.models import Document, StressJob
 
@@ -153,14 +154,14 @@ def a_deadlock_is_retried_at_once_never_an_outage():
         def flaky():
             calls.append(1)
             if len(calls) == 1:
-                bridge.execute(deadlock_sql())
+                execute(bridge, deadlock_sql())
             return "done"
 
         health = DatabaseHealth(bridge.vendor, bridge.ping, 0.05)
         assert health.call(flaky) == "done" and len(calls) == 2
         assert health.down_since is None  # no outage began
         with pytest.raises(DATABASE_ERRORS) as info:
-            bridge.execute(deadlock_sql())
+            execute(bridge, deadlock_sql())
         assert bridge.vendor.is_deadlock(info.value)
         assert not for_connection(connection).is_permanent_connect_error(info.value)
     finally:

@@ -20,9 +20,11 @@ from django_dbworker.store import transitions
 from django_dbworker.store.bridge import Bridge
 from tests.helpers import (
     analyze,
+    candidates,
     claim,
     drain,
     effects,
+    execute,
     execution,
     held_handler,
     insert_raw,
@@ -239,10 +241,10 @@ def test_stale_rows_are_found_through_the_waiting_index_not_the_history():
     worker = registry["rerun_stale"]
     try:
         plans = []
-        for stmt in (transitions.due_rows(bridge.vendor, worker.name), bridge.candidates(worker, 10)[0]):
+        for stmt in (transitions.due_rows(bridge.vendor, worker.name), candidates(bridge, worker, 10)[0]):
             sql = str(stmt.compile(bridge.engine, compile_kwargs={"literal_binds": True}))
             prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
-            plans.append("\n".join(" ".join(map(str, r)) for r in bridge.execute(prefix + sql)))
+            plans.append("\n".join(" ".join(map(str, r)) for r in execute(bridge, prefix + sql)))
         seconds = bridge.seconds_until_due(worker)
         promoted = bridge.promote_due(worker)
     finally:

@@ -28,8 +28,10 @@ from tests.helpers import (
     analyze,
     busy_machine,
     claim_and_run_group,
+    claim_sql,
     drain,
     effects,
+    execute,
     runworkers,
     statements_of,
     wait_for,
@@ -489,9 +491,9 @@ def test_the_claim_plan_reads_the_priority_index_not_the_backlog_or_history():
                     .order_by("-priority", "id").values_list("id", flat=True)[:32])
     bridge = Bridge()
     try:
-        sql = bridge.claim_sql(registry[DEFAULT], 32)
+        sql = claim_sql(bridge, registry[DEFAULT], 32)
         prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
-        plan = "\n".join(" ".join(str(c) for c in r) for r in bridge.execute(prefix + sql))
+        plan = "\n".join(" ".join(str(c) for c in r) for r in execute(bridge, prefix + sql))
         claims = bridge.claim(registry[DEFAULT], 32, "test:plan")
     finally:
         bridge.close()

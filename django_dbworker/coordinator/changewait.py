@@ -43,7 +43,7 @@ _TOKEN = re.compile(r"[0-9 :.,-]*")
 
 
 class ChangeWait:
-    """A Listener (see :class:`.bridge.Listener`) for MariaDB: readable when the change
+    """A Listener (see :class:`.listening.Listener`) for MariaDB: readable when the change
     probe's answer moved; drain() says whether rows (every worker) or pauses did."""
 
     def __init__(self, bridge: Bridge, probe_seconds: float) -> None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from ..store.bridge import DATABASE_ERRORS
+from ..store.engine import DATABASE_ERRORS
 from ..store.errors import first_line
 from ..vendors import Vendor
 

@@ -11,7 +11,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..processes.protocol import Claim
-from ..store.bridge import DATABASE_ERRORS, Bridge
+from ..store.bridge import Bridge
+from ..store.engine import DATABASE_ERRORS
 from ..store.retry import RetryDecision
 from .outage import DatabaseHealth
 

@@ -18,10 +18,11 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..store.bridge import Bridge, Listener, listener_for
+from ..store.bridge import Bridge
 from ..vendors import ANY_WORKER_NOTICE, PAUSE_NOTICE
 from .backoff import QUIET_FACTOR, QUIET_SECONDS, Backoff
 from .changewait import ChangeWait
+from .listening import Listener, listener_for
 
 if TYPE_CHECKING:
     from ..registration.options import Options

@@ -19,8 +19,10 @@ _TYPES: dict[str, type[sa.types.TypeEngine[Any]]] = {
 
 @cache
 def execution_table() -> sa.Table:
-    from ..models import Execution
+    # (Looked up, not imported: models.py imports the store for its QuerySet's resets.)
+    from django.apps import apps
 
+    Execution = apps.get_model("django_dbworker", "Execution")
     columns = []
     for field in Execution._meta.concrete_fields:
         kind = field.get_internal_type()  # (a GeneratedField's is its output field's)

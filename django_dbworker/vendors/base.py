@@ -131,11 +131,6 @@ def schedule_lock_key(schedule: str) -> int:
 class Vendor:
     name = ""
     claim_mode = "FOR UPDATE SKIP LOCKED"
-    # How claims are made, by the bridge strategy of this name: "returning" (lock and
-    # claim in one statement), "lock_then_update" (SELECT ... FOR UPDATE SKIP LOCKED,
-    # then UPDATE, one transaction) or "immediate_then_update" (SQLite's one writer).
-    claim_strategy = "lock_then_update"
-    ordered_claim_strategy = "lock_then_update"  # for eligible() with order_by
     # Row locks on a SELECT: "of_table" (FOR UPDATE OF the Execution table only),
     # "rows" (FOR UPDATE: every table read), or "" (no row locks at all).
     row_locks = "of_table"
@@ -248,6 +243,13 @@ class Vendor:
 
     def on_connect(self, dbapi_connection: Any, lease_seconds: float) -> None:
         """Run on every new coordinator connection."""
+
+    def claim_operation(self, ordered: bool) -> Any:
+        """How this database claims (vendors/claiming.py); ``ordered``: in an eligible()
+        order of the user's, not creation order."""
+        from .claiming import LockThenUpdate
+
+        return LockThenUpdate()
 
     def set_autocommit(self, dbapi_connection: Any) -> None:
         """Put a raw driver connection in autocommit (psycopg's attribute; the others

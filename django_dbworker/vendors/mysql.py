@@ -105,7 +105,9 @@ class MySQL(Vendor):
         # transaction: end_schedule_lock lets it go after the commit. MariaDB also ends
         # a session left idle in a transaction, as PostgreSQL does; the session's own
         # setting is put back afterwards.
-        from ..models import ScheduleSlot
+        from django.apps import apps
+
+        ScheduleSlot = apps.get_model("django_dbworker", "ScheduleSlot")  # (the vendors import no models)
 
         self._session = self.connection.connection
         # A read of an InnoDB table begins the transaction: from here on, MariaDB counts

@@ -26,10 +26,6 @@ _PG_STATES = {0: "ended", 1: "busy", 2: "open", 3: "aborted"}
 
 class PostgreSQL(Vendor):
     name = "postgresql"
-    # Lock the candidates (skipping rows others hold) and claim them in one statement.
-    # RETURNING has no order, which is fine in creation order (ids say it) but not for a
-    # custom order_by: those lock, then claim.
-    claim_strategy = "returning"
     notifies = True
     fence_exists = True
     sqlalchemy_driver = "postgresql+psycopg"
@@ -90,6 +86,14 @@ class PostgreSQL(Vendor):
         return bool(self.connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
 
     tells_transaction_state = True
+
+    def claim_operation(self, ordered: bool) -> Any:
+        # Lock the candidates (skipping rows others hold) and claim them in one
+        # statement. RETURNING has no order, which is fine in creation order (ids say
+        # it) but not for a custom order_by: those lock, then claim.
+        from .claiming import LockAndClaimInOne, LockThenUpdate
+
+        return LockThenUpdate() if ordered else LockAndClaimInOne()
 
     def transaction_state(self, dbapi_connection: Any) -> str | None:
         # libpq's PQtransactionStatus (psycopg 3's pq.TransactionStatus, psycopg2's

@@ -14,7 +14,6 @@ class SQLite(Vendor):
     # SQLite has one writer at a time: BEGIN IMMEDIATE takes the write lock before the
     # claim reads, and its UPDATE re-checks claimability anyway (the guard).
     claim_mode = "conditional UPDATE"
-    claim_strategy = ordered_claim_strategy = "immediate_then_update"
     row_locks = ""
     autocommit_engine = True
     sqlalchemy_driver = "sqlite"
@@ -76,6 +75,11 @@ class SQLite(Vendor):
         return {"isolation_level": "AUTOCOMMIT"}
 
     tells_transaction_state = True
+
+    def claim_operation(self, ordered: bool) -> Any:
+        from .claiming import OneWriterThenUpdate
+
+        return OneWriterThenUpdate()
 
     def transaction_state(self, dbapi_connection: Any) -> str | None:
         return "open" if dbapi_connection.in_transaction else "ended"
