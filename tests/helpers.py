@@ -203,11 +203,12 @@ def claim_and_run_group(worker_name, n, tamper=None, *, monkeypatch):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.processes import child
-    from django_dbworker.processes.child import SLOT_SIZE, run_group
+    from django_dbworker.processes import groups
+    from django_dbworker.processes.groups import run_group
+    from django_dbworker.processes.protocol import SLOT_SIZE
     from django_dbworker.registration.registry import registry
 
-    monkeypatch.setattr(child, "GROUP_SECONDS", 60.0)
+    monkeypatch.setattr(groups, "GROUP_SECONDS", 60.0)
     claims = claim(worker_name, n, "test:group")
     if tamper:
         tamper(claims)

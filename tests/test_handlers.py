@@ -215,7 +215,8 @@ def test_a_child_hands_back_rows_it_has_not_started(why, rows):
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.processes.child import SLOT_REVOKE, SLOT_SIZE, run_group
+    from django_dbworker.processes.groups import run_group
+    from django_dbworker.processes.protocol import SLOT_REVOKE, SLOT_SIZE
 
     [Document.objects.create() for _ in range(rows)]
     claims = claim("docs", rows, "test:stop")
@@ -269,7 +270,8 @@ def test_on_commit_callbacks_of_a_rolled_back_handler_in_a_group_do_not_run(fail
 def _run_until_done(worker_name, pending):
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.processes.child import SLOT_SIZE, run_group
+    from django_dbworker.processes.groups import run_group
+    from django_dbworker.processes.protocol import SLOT_SIZE
 
     results = []
     while pending:
@@ -356,8 +358,9 @@ def test_a_row_revoked_as_it_is_about_to_start_alone_is_handed_back_unrun(monkey
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.processes import child
-    from django_dbworker.processes.child import SLOT_REVOKE, SLOT_SEQ, SLOT_SIZE, run_group
+    from django_dbworker.processes import failpoints
+    from django_dbworker.processes.groups import run_group
+    from django_dbworker.processes.protocol import SLOT_REVOKE, SLOT_SEQ, SLOT_SIZE
 
     doc = Document.objects.create()
     [held] = claim("docs", 1, "test:alone")
@@ -368,7 +371,7 @@ def test_a_row_revoked_as_it_is_about_to_start_alone_is_handed_back_unrun(monkey
         if point == "child.before_begin":
             slot[SLOT_REVOKE] = 1
 
-    monkeypatch.setattr(child.failpoints, "reached", revoked_now)
+    monkeypatch.setattr(failpoints, "reached", revoked_now)
     assert run_group(registry["docs"], "default", pending, slot, stop) == []  # not started
     assert len(pending) == 1 and slot[SLOT_SEQ] == 0
     results = run_group(registry["docs"], "default", pending, slot, stop)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from django_dbworker.coordinator import main_guard
+from django_dbworker.processes import main_guard
 from tests.helpers import STARTED, effects, subprocess_env
 from tests.testapp.models import Document
 
 MULTIPROCESSING_CHANGED = (
-    "multiprocessing.spawn.get_preparation_data() changed: django_dbworker/coordinator/main_guard.py "
+    "multiprocessing.spawn.get_preparation_data() changed: django_dbworker/processes/main_guard.py "
     "relies on it naming no main module for a child to import when sys.modules['__main__'] "
     "has neither __spec__ nor __file__ (and naming one by path when it has a __file__). "
     "Children of an unguarded manage.py would run the command again: find another way.")

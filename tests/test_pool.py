@@ -14,9 +14,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from django_dbworker.processes import protocol
+from django_dbworker.processes.children import ChildProcess
 from django_dbworker.processes.pool import (
     MAX_START_FAILURES,
-    ChildProcess,
     Died,
     Pool,
     PoolBroken,

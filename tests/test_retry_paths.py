@@ -77,7 +77,8 @@ def test_a_deleted_source_is_spelled_the_same_by_the_child_and_by_recovery():
     from collections import deque
     from multiprocessing.sharedctypes import RawArray, RawValue
 
-    from django_dbworker.processes.child import SLOT_SIZE, run_group
+    from django_dbworker.processes.groups import run_group
+    from django_dbworker.processes.protocol import SLOT_SIZE
 
     loaded = Document.objects.create()
     [held] = claim("docs")

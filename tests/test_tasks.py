@@ -565,11 +565,12 @@ def test_a_group_announces_each_task_once_outside_its_transaction(monkeypatch):
     from multiprocessing.sharedctypes import RawArray, RawValue
 
     from django_dbworker.processes import child
+    from django_dbworker.processes import groups as grouping
     from django_dbworker.registration.registry import registry
     from tests.helpers import claim
 
     results = [tasks.add.enqueue(1, 2), tasks.fail.enqueue("in a group"), tasks.nothing.enqueue(3)]
-    monkeypatch.setattr(child, "GROUP_SECONDS", 0.0)
+    monkeypatch.setattr(grouping, "GROUP_SECONDS", 0.0)
     pending = deque(c.delivery(c.execution_id) for c in claim(DEFAULT, 3, "test:group"))
     slot, groups = RawArray("d", child.SLOT_SIZE), 0
     while pending:

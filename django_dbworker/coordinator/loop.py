@@ -25,7 +25,8 @@ from ..installation.preflight import check_can_start
 from ..operations.events import EVENTS
 from ..pauses import PausedWorkers
 from ..processes import failpoints
-from ..processes.pool import SPAWN, ChildProcess, Pool, start_all
+from ..processes.children import SPAWN, ChildProcess
+from ..processes.pool import Pool, start_all
 from ..processes.pool_events import PoolEvents
 from ..registration.options import Options
 from ..registration.registry import Worker, registry

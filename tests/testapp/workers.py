@@ -273,7 +273,7 @@ def poison(job: FaultJob):
 @worker(name="clock", source=FaultJob, max_attempts=2, retry_backoff=0.5,
         eligible=lambda: FaultJob.objects.filter(behaviour__startswith="clock"))
 def clock(job: FaultJob):
-    from django_dbworker.processes.child import current_attempt
+    from django_dbworker.processes.attempts import current_attempt
 
     if job.behaviour == "clock_flaky" and current_attempt().number == 1:
         raise RuntimeError("fails once; retried 0.5 s later on the database's clock")

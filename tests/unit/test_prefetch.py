@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from django_dbworker.processes import protocol
-from django_dbworker.processes.pool import Pool, Running
+from django_dbworker.processes.children import Running
+from django_dbworker.processes.pool import Pool
 
 AHEAD, MOST, FIRST = Pool.AHEAD_SECONDS, Pool.MAX_AHEAD, Pool.FIRST_AHEAD
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_dbworker import clock, conf
+from django_dbworker import conf
 from django_dbworker.admin.dashboard import Dashboard, format_age
 from django_dbworker.registration.registry import registry
+from django_dbworker.store import clock
 
 
 class Command(BaseCommand):

@@ -9,9 +9,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_dbworker import clock, conf
+from django_dbworker import conf
 from django_dbworker.admin.dashboard import Dashboard, format_age
 from django_dbworker.status import ExecutionStatus
+from django_dbworker.store import clock
 
 
 class Command(BaseCommand):

@@ -7,8 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_dbworker import clock, conf
+from django_dbworker import conf
 from django_dbworker.status import ExecutionStatus
+from django_dbworker.store import clock
 
 
 class Command(BaseCommand):
