@@ -19,17 +19,20 @@
 # PgBouncer and the failover clusters are used by the PostgreSQL lane alone, namespace hosts
 # take a subnet each under a lock (tests/hosts.py), and the release build works on a copy.
 #
-# Why 3 at a time. Unloaded, the suites take about: PostgreSQL 900 s, MariaDB 735 s, SQLite
-# 640 s, combos 475 s (2,750 s in a row). Most of that time is waiting -- for leases to run
-# out, children to start, servers to answer -- and a suite keeps well under one of the
-# machine's 2 cores busy, so lanes overlap almost freely until the cores are full. Lanes
-# start longest first and the next one starts when one ends, so with 3: PostgreSQL,
-# MariaDB and SQLite start, combos follows SQLite (about 640 + 475 = 1,115 s, the longest
-# lane), close to the 900 s floor of the longest suite. 4 at once would save at most those
-# 215 s but keep more processes than cores busy for the whole run, and the suites' timing
-# checks (a lease of 3 s, "work resumes within a second") are what contention stretches;
-# 2 at once (PostgreSQL + combos, MariaDB + SQLite: about 1,375 s each) leaves a core idle
-# most of the time.
+# Why 3 at a time (measured on the 2-core CI machine). Unloaded, the suites take about:
+# PostgreSQL 900 s, MariaDB 735 s, SQLite 640 s, combos 475 s (2,750 s in a row). Much of
+# that is waiting -- for leases to run out, children to start, servers to answer: the
+# SQLite suite needs about 490 s of CPU besides the spinners of its under-load tests
+# (670 s with them), 0.75 of a core over its 640 s; the takeover modules (test_crash,
+# test_wakeups) 0.5. So 3 lanes about fill the 2 cores, and 4 overfill them. Those modules
+# on the three databases: 240 s one after another, 94 s with 3 lanes (each lane 1.1 times
+# its time alone); with combos too, 4 lanes stretched every lane 1.3 times. Lanes start
+# longest first and the next starts when one ends: with 3, PostgreSQL, MariaDB and SQLite
+# start and combos follows SQLite (640 + 475 s plus its venv, the longest lane, against
+# the 900 s floor of PostgreSQL alone). 4 at once would save little of that and stretch
+# every test the whole run long, and the suites' timing checks (a lease of 3 s, "work
+# resumes within a second") are what contention stretches; 2 at once (PostgreSQL + combos,
+# MariaDB + SQLite, about 1,375 s each) leaves a core idle much of the time.
 #
 # A lane's output goes to a log file while it runs (one line says when each lane starts
 # and ends); when all have ended each log is printed whole, in a fixed order (sqlite,
