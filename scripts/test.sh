@@ -67,6 +67,11 @@ PYEOF
 # The lanes to run, in the order their logs are printed.
 order=()
 for db in $DATABASES; do
+  case $db in
+    sqlite|postgres|mysql) ;;
+    *) echo "FAIL: DBWORKER_TEST_DATABASES names $db: use sqlite, postgres or mysql"
+       status=1; summary+=("$db: UNKNOWN (failure)"); continue;;
+  esac
   if [ "$db" != sqlite ] && ! reachable "$db"; then
     if [ "${CI:-}" = "true" ]; then
       echo "FAIL: $db is unreachable and CI=true"; status=1; summary+=("$db: UNREACHABLE (failure)")
@@ -101,9 +106,6 @@ if [ "$LANES" -eq 1 ]; then
 else
   for name in postgres mysql sqlite combos; do
     for wanted in "${order[@]}"; do [ "$wanted" = "$name" ] && start_order+=("$name"); done
-  done
-  for wanted in "${order[@]}"; do  # any other name (a typo) still runs, and fails, last
-    case " ${start_order[*]} " in *" $wanted "*) ;; *) start_order+=("$wanted");; esac
   done
 fi
 
@@ -147,8 +149,8 @@ else
       printf '[%5ss] %s: started\n' "$(elapsed)" "${start_order[$next]}"
       next=$((next + 1)); running=$((running + 1))
     done
-    # Polled rather than `wait -n`: it needs no bash newer than 4, and a second is nothing
-    # against lanes of minutes.
+    # Polled rather than `wait -n` (bash 4.3; which lane ended needs 5.1's -p): any bash
+    # does, and a second is nothing against lanes of minutes.
     sleep 1
     for i in "${!pids[@]}"; do
       pid=${pids[$i]}
