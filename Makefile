@@ -31,9 +31,10 @@ $(DEMO_STAMP): pyproject.toml
 services:
 	scripts/services.sh
 
+# One lane per database plus one for the other Python/Django pairs (scripts/test-combos.sh),
+# 3 at a time: DBWORKER_TEST_LANES=1 runs them one after another (see scripts/test.sh).
 test: $(STAMP) services lint
 	PY=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
-	scripts/test-combos.sh $(PYTEST_ARGS)
 
 # The unit layer alone (tests/unit: the pure policies): no database server, no process,
 # a few seconds. `make test` runs it too, in its SQLite runs only.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The other supported (Python, Django) pairs, on SQLite (the main run, with every database,
-# is on the newest Python and Django: scripts/test.sh). Each pair gets a venv of its own
-# under .venv-combos/. With CI=true a Python that cannot be found is a failure.
+# is on the newest Python and Django: scripts/test.sh, which also runs this script as one of
+# its lanes, beside the databases' ones). Each pair gets a venv of its own under
+# .venv-combos/. With CI=true a Python that cannot be found is a failure.
 #
 # These runs are about what changes with Python and Django: every API, the admin, the
 # tasks backend (django.tasks or the backport), schedules, signals and kills. They leave

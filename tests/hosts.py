@@ -255,9 +255,11 @@ class Hosts:
                 _run("ip", "link", "delete", name, check=False)
 
     def _start_relays(self) -> None:
+        relayed = []
         for port in RELAYED_PORTS:
             if not _listening("127.0.0.1", port):
                 continue
+            relayed.append(port)
             relay = subprocess.Popen(
                 ["socat", f"TCP-LISTEN:{port},bind={self.address},reuseaddr,fork,backlog=256",
                  f"TCP:127.0.0.1:{port}"],
@@ -266,7 +268,9 @@ class Hosts:
                 start_new_session=True)
             self.relays.append(relay)
         (STATE / f"{self.subnet}.relays").write_text(" ".join(str(r.pid) for r in self.relays))
-        for port in RELAYED_PORTS:
+        # Only the relays started: a server that was down a moment ago may be up now (the
+        # other database's lane of scripts/test.sh stops and starts its own server).
+        for port in relayed:
             if _listening("127.0.0.1", port):
                 deadline = time.monotonic() + 10
                 while not _listening(self.address, port):
