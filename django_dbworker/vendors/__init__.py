@@ -54,9 +54,21 @@ def for_connection(connection: BaseDatabaseWrapper) -> Vendor:
             f"The {connection.vendor!r} database backend is not supported: use PostgreSQL "
             "13+, MySQL 8.0.1+, MariaDB 10.6+ or a file-backed SQLite."
         ) from None
-    if cls is MySQL and connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+    if cls is MySQL and _is_mariadb(connection):
         cls = MariaDB  # (Django's one backend serves both)
     return cls(connection)
+
+
+def _is_mariadb(connection: BaseDatabaseWrapper) -> bool:
+    """Asks the server (Django caches its answer). A server that cannot be reached yet
+    gets the family's common vendor: asked before the coordinator waits for its database,
+    the question must not fail; every call once it is up gets the exact one."""
+    from django.db import DatabaseError
+
+    try:
+        return bool(connection.mysql_is_mariadb)  # type: ignore[attr-defined]
+    except DatabaseError:
+        return False
 
 
 def for_engine(engine: str) -> type[Vendor] | None:
