@@ -32,7 +32,7 @@ services:
 	scripts/services.sh
 
 # One lane per database plus one for the other Python/Django pairs (scripts/test-combos.sh),
-# 3 at a time: DBWORKER_TEST_LANES=1 runs them one after another (see scripts/test.sh).
+# one after another; DBWORKER_TEST_LANES=3 runs 3 at a time (see scripts/test.sh).
 test: $(STAMP) services lint
 	PY=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
 
