@@ -13,10 +13,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
+from .registry import MAX_CONCURRENCY, registry
 
-# Each unit of concurrency is a spawned interpreter with its own database connection
-# (tens of megabytes): past this, run more coordinators instead.
-MAX_CONCURRENCY = 128
 # How long set-up waits for a database that does not answer yet (orchestrators start
 # databases and workers in any order).
 WAIT_FOR_DATABASE_SECONDS = 60.0
@@ -102,8 +100,6 @@ class Options:
 
 
 def _concurrency(workers: list[Any], given: Any) -> dict[str, int]:
-    from .registry import registry
-
     if given is None:
         given = {}
     elif not isinstance(given, Mapping):

@@ -13,6 +13,10 @@ from django.db import models
 
 from ..store.retry import MAX_CRASHES, RetryPolicy
 
+# Each unit of concurrency is a spawned interpreter with its own database connection
+# (tens of megabytes): past this, run more coordinators instead.
+MAX_CONCURRENCY = 128
+
 if TYPE_CHECKING:
     from ..vendors import TriggerSource
 
@@ -248,8 +252,6 @@ def validate(
             f"Worker {name!r}: eligible must be a callable returning a QuerySet "
             f"(e.g. lambda: {source.__name__}.objects.filter(...)), got {type(eligible).__name__}."
         )
-    from .options import MAX_CONCURRENCY
-
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not (
             1 <= concurrency <= MAX_CONCURRENCY):
         raise ImproperlyConfigured(

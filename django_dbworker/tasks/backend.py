@@ -26,7 +26,7 @@ from .compat import (
     TaskResultDoesNotExist,
     task_enqueued,
 )
-from .queues import (
+from .names import (
     MAX_ALIAS,
     MAX_QUEUE_NAME,
     OPTION_KEYS,
