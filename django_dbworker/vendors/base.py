@@ -1,34 +1,39 @@
 """What every database provides, and the pieces that are the same everywhere.
 
 A vendor is chosen once per connection (``vendors.for_connection``); the rest of the
-package asks it for SQL (trigger DDL, the database clock, key conversion), for how its
-claims are made (a strategy name the bridge implements) and how its connections are set
-up, instead of testing database names. Plain SQL strings and DBAPI calls only: the
-SQLAlchemy bridge wraps them, Django runs the DDL.
+package asks it for SQL (trigger DDL, from triggers.py; the database clock; key
+conversion), for how its claims are made (its claim operation, claiming.py) and how its
+connections are set up, instead of testing database names. Plain SQL strings and DBAPI
+calls only: the store's SQLAlchemy engine wraps them, Django runs the DDL.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .names import (  # re-exported: the vendors' modules and the package read them here
+    ANY_WORKER_NOTICE,
+    EXECUTION_TABLE,
+    NOTIFY_CHANNEL,
+    PAUSE_NOTICE,
+    PAUSE_TABLE,
+    TEXT_KEY_TYPES,
+)
+from .triggers import TRIGGER_NAME, TriggerDDL, TriggerNames, TriggerSource
+
+__all__ = ["ANY_WORKER_NOTICE", "EXECUTION_TABLE", "NOTIFY_CHANNEL", "PAUSE_NOTICE", "PAUSE_TABLE",
+           "TEXT_KEY_TYPES", "TRIGGER_NAME", "Bound", "TriggerNames", "TriggerSource",
+           "UnsupportedDatabase", "Vendor", "driver_error", "error_code", "orm_sql",
+           "schedule_lock_key"]
+
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-
-EXECUTION_TABLE = "django_dbworker_execution"
-PAUSE_TABLE = "django_dbworker_workerpause"
-NOTIFY_CHANNEL = "dbworker"
-PAUSE_NOTICE = ".pause"  # the payload that says a pause changed (no worker has this name)
-ANY_WORKER_NOTICE = ".any"  # (from a change wait: new rows, for whichever worker)
-TEXT_KEY_TYPES = {"CharField", "TextField", "SlugField", "EmailField", "URLField"}
-# Statuses a source change re-runs (rerun_on) and the one it flags instead.
-RERUN_STATUSES = ("finished", "failed")
 
 
 class UnsupportedDatabase(ImproperlyConfigured):
@@ -78,57 +83,13 @@ def error_code(exc: BaseException) -> Any:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-# Trigger names this app makes, and nothing else: dbworker_<worker>_(ins|del|upd).
-TRIGGER_NAME = re.compile(r"dbworker_[a-z][a-z0-9_]*_(ins|del|upd)\Z")
-
-
-@dataclass(frozen=True)
-class TriggerNames:
-    insert: str
-    delete: str
-    update: str
-
-    @classmethod
-    def of(cls, base: str) -> TriggerNames:
-        return cls(insert=f"dbworker_{base}_ins", delete=f"dbworker_{base}_del",
-                   update=f"dbworker_{base}_upd")
-
-    def all(self) -> tuple[str, str, str]:
-        return (self.insert, self.delete, self.update)
-
-
-@dataclass(frozen=True)
-class TriggerSource:
-    """What the triggers of one source table need to know.
-
-    ``worker``, ``priority`` and ``due`` are SQL expressions of the inserted row, given
-    its alias (``NEW``, or a transition table's): a row worker's name is a constant, a
-    task's queue comes from the row itself. ``worker`` also gets how a constant string is
-    written: ``Vendor.literal`` in trigger DDL, a bound parameter (``Bound``) at run time.
-    Column names are written by the vendor's ``quote_name``.
-    """
-
-    base: str  # trigger names are dbworker_<base>_ins/_del/_upd
-    table: str
-    pk_column: str
-    pk_field: Any
-    worker: Callable[[str, Callable[[str], str]], str]
-    priority: Callable[[str], str] = field(default=lambda row: "0")
-    due: Callable[[str], str] = field(default=lambda row: "NULL")
-    rerun_on: Sequence[str] = ()  # column names
-
-    @property
-    def names(self) -> TriggerNames:
-        return TriggerNames.of(self.base)
-
-
 def schedule_lock_key(schedule: str) -> int:
     """A stable signed 32-bit number for a schedule's name (an advisory lock key)."""
     return int.from_bytes(hashlib.blake2b(schedule.encode(), digest_size=4).digest(), "big",
                           signed=True)
 
 
-class Vendor:
+class Vendor(TriggerDDL):
     name = ""
     claim_mode = "FOR UPDATE SKIP LOCKED"
     # Row locks on a SELECT: "of_table" (FOR UPDATE OF the Execution table only),
@@ -307,21 +268,6 @@ class Vendor:
             return text_sql
         return f"CAST({text_sql} AS {pk_field.cast_db_type(self.connection)})"
 
-    # -- triggers: a PENDING Execution row for every source row ---------------------------
-    EXECUTION_COLUMNS = ("worker, source_id, status, attempts, priority, next_attempt_at, "
-                         "rerun_requested, created_at, updated_at, ready_at")
-
-    def pending_row_values(self, source: TriggerSource, row: str,
-                           constant: Callable[[str], str] | None = None) -> str:
-        """The values of a new pending Execution of ``row``; ``constant`` writes the
-        worker's name (a literal by default: in DDL; a Bound at run time)."""
-        now = self.now_sql()
-        key = self.text_key_sql(f"{row}.{self.qn(source.pk_column)}")
-        due = source.due(row)
-        worker = source.worker(row, constant or self.literal)
-        return (f"{worker}, {key}, 'pending', 0, {source.priority(row)}, {due}, "
-                f"{self.false_sql()}, {now}, {now}, COALESCE({due}, {now})")
-
     def change_probe_sql(self) -> str:
         """A statement cheap enough to run every PROBE_SECONDS where the database cannot
         notify: its first column changes when rows are inserted (new work), the others
@@ -397,102 +343,6 @@ class Vendor:
             cursor.execute(sql, rows[0])
         else:
             cursor.executemany(sql, rows)
-
-    def create_trigger_sql(self, source: TriggerSource) -> list[str]:
-        """Row-level triggers (MySQL/MariaDB and SQLite; PostgreSQL uses statement-level
-        ones): insert -> a pending Execution, delete -> its history goes (except a row a
-        handler holds), and with rerun_on, a changed column -> pending again."""
-        names = source.names
-        table, pk = self.qn(source.table), self.qn(source.pk_column)
-        ex = self.qn(EXECUTION_TABLE)
-        insert = self.insert_ignore(EXECUTION_TABLE, self.EXECUTION_COLUMNS,
-                                    f"VALUES ({self.pending_row_values(source, 'NEW')})")
-        delete = (f"DELETE FROM {ex} WHERE worker = {source.worker('OLD', self.literal)} "
-                  f"AND source_id = {self.text_key_sql(f'OLD.{pk}')} AND status <> 'working'")
-        qn = self.qn
-        statements = [
-            *self.drop_trigger_sql(names.insert, source.table),
-            f"CREATE TRIGGER {qn(names.insert)} AFTER INSERT ON {table} "
-            f"FOR EACH ROW {self.row_trigger_body(insert)}",
-            *self.drop_trigger_sql(names.delete, source.table),
-            f"CREATE TRIGGER {qn(names.delete)} AFTER DELETE ON {table} "
-            f"FOR EACH ROW {self.row_trigger_body(delete)}",
-            *self.drop_trigger_sql(names.update, source.table),
-        ]
-        if source.rerun_on:
-            def changed(column: str) -> str:
-                return self.is_distinct_sql(f"OLD.{self.qn(column)}", f"NEW.{self.qn(column)}")
-
-            rerun = (f"UPDATE {ex} SET {self.rerun_set_sql(source, changed)} "
-                     f"WHERE worker = {source.worker('NEW', self.literal)} "
-                     f"AND source_id = {self.text_key_sql(f'NEW.{pk}')} "
-                     f"AND {self.rerun_where_sql()}")
-            statements.append(self.rerun_trigger_sql(
-                qn(names.update), table, [self.qn(c) for c in source.rerun_on],
-                " OR ".join(changed(c) for c in source.rerun_on), rerun))
-        return statements
-
-    # Row triggers (MySQL/MariaDB, SQLite): what follows FOR EACH ROW for a trigger that
-    # runs one {statement}; how {a} and {b} differ with NULLs compared as values.
-    ROW_TRIGGER_BODY = "{statement}"
-    DISTINCT_SQL = "{a} IS DISTINCT FROM {b}"
-
-    def row_trigger_body(self, statement: str) -> str:
-        return self.ROW_TRIGGER_BODY.format(statement=statement)
-
-    def is_distinct_sql(self, a: str, b: str) -> str:
-        return self.DISTINCT_SQL.format(a=a, b=b)
-
-    def rerun_trigger_sql(self, name: str, table: str, columns: list[str], condition: str,
-                          statement: str) -> str:
-        """An AFTER UPDATE row trigger that runs statement when condition holds (``name``,
-        ``table`` and ``columns`` quoted)."""
-        raise NotImplementedError
-
-    def trigger_names(self, source: TriggerSource) -> list[str]:
-        """The triggers create_trigger_sql() makes for ``source``."""
-        names = source.names
-        return [names.insert, names.delete, *([names.update] if source.rerun_on else [])]
-
-    def drop_trigger_sql(self, trigger: str, table: str) -> list[str]:
-        # Row triggers: nothing else to drop.
-        return [f"DROP TRIGGER IF EXISTS {self.qn(trigger)}"]
-
-    # SELECT (trigger name, table name) of the triggers named in {marks}, compared
-    # exactly (case and all): a trigger of the user's that differs in case is not ours.
-    TRIGGER_CATALOG_SQL = ""
-
-    def existing_triggers_sql(self, names: Sequence[str]) -> tuple[str, list[Any]]:
-        marks = ", ".join(["%s"] * len(names))
-        return self.TRIGGER_CATALOG_SQL.format(marks=marks), list(names)
-
-    def rerun_set_sql(self, source: TriggerSource, changed: Callable[[str], str],
-                      e: str = "") -> str:
-        """The SET list of the UPDATE a source change (rerun_on) makes: a finished or
-        failed row becomes pending, a working one is flagged to run again after its
-        commit. Every assignment reads the old status first (MySQL assigns left to right,
-        so ``status`` comes last); ``e`` qualifies the Execution columns read."""
-        done = ", ".join(f"'{s}'" for s in RERUN_STATUSES)
-        now = self.now_sql()
-        reason = self.changed_columns_sql(source.rerun_on, changed)
-        return (f"rerun_requested = ({e}status = 'working'), "
-                f"next_attempt_at = CASE WHEN {e}status IN ({done}) THEN NULL "
-                f"ELSE {e}next_attempt_at END, "
-                f"ready_at = CASE WHEN {e}status IN ({done}) THEN {now} ELSE {e}ready_at END, "
-                f"rerun_reason = {reason}, updated_at = {now}, "
-                f"crashes = CASE WHEN {e}status IN ({done}) THEN 0 ELSE {e}crashes END, "
-                f"status = CASE WHEN {e}status IN ({done}) THEN 'pending' ELSE {e}status END")
-
-    def rerun_where_sql(self, e: str = "") -> str:
-        statuses = ", ".join(f"'{s}'" for s in (*RERUN_STATUSES, "working"))
-        return f"{e}status IN ({statuses})"
-
-    def changed_columns_sql(self, columns: Sequence[str],
-                            changed: Callable[[str], str]) -> str:
-        """'changed: a, b': the listed columns that changed, as text."""
-        parts = " || ".join(f"CASE WHEN {changed(c)} THEN {self.literal(f'{c}, ')} ELSE '' END"
-                            for c in columns)
-        return f"'changed: ' || RTRIM({parts}, ', ')"
 
     # -- indexes ---------------------------------------------------------------------------
     def partial_index_sql(self, name: str, table: str, columns: str, where_column: str) -> str:
