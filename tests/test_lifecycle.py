@@ -258,29 +258,23 @@ def test_promote_makes_due_rows_claimable_and_stale_finished_rows_pending(sessio
 
 
 # -- fresh starts ------------------------------------------------------------------------------
-def test_reset_starts_a_failed_row_afresh_and_leaves_other_statuses_alone(session):
+@pytest.mark.parametrize(("transition", "status"), [("reset", "failed"), ("run_again", "finished")])
+def test_a_fresh_start_clears_one_status_and_leaves_the_others_alone(session, transition, status):
+    """reset starts failed rows afresh, run_again finished ones: from a clean slate (no
+    attempt, crash, error, claimer or end), claimable again at once."""
     failed, done = claimed("f"), claimed("d")
     with session() as s:
         transitions.fail_or_retry(s, transitions.held([failed]), FAILED_FOR_GOOD, BOOM,
                                   crashes="count")
         transitions.finish(s, ended(done))
-        assert transitions.reset(s, [failed.execution_id, done.execution_id]) == 1
-    e = row(failed)
+        fresh = getattr(transitions, transition)
+        assert fresh(s, [failed.execution_id, done.execution_id]) == 1
+    started, left = (failed, done) if status == "failed" else (done, failed)
+    e = row(started)
     assert (e.status, e.attempts, e.crashes, e.error_type, e.finished_at, e.claimed_by) == (
         "unfinished", 0, 0, None, None, None)
     assert e.claimable_worker == "tags" and e.ready_at is not None
-    assert row(done).status == "finished"
-
-
-def test_run_again_starts_a_finished_row_afresh_and_leaves_other_statuses_alone(session):
-    failed, done = claimed("f"), claimed("d")
-    with session() as s:
-        transitions.fail_or_retry(s, transitions.held([failed]), FAILED_FOR_GOOD, BOOM,
-                                  crashes="reset")
-        transitions.finish(s, ended(done))
-        assert transitions.run_again(s, [failed.execution_id, done.execution_id]) == 1
-    assert row(done).status == "unfinished" and row(done).claimable_worker == "tags"
-    assert row(failed).status == "failed"
+    assert row(left).status == ("finished" if status == "failed" else "failed")
 
 
 def test_the_admin_and_the_api_reset_through_the_store():
