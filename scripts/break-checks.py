@@ -247,7 +247,7 @@ BREAKS = [
           ".utils.timezone.now() + __import__('datetime').timedelta(seconds=decision.delay))))",
           ("tests/test_one_clock.py",), ("postgres", "mysql")),
     Break("rerun-crashes", "a row re-run by a change keeps the crashes that failed it",
-          "django_dbworker/vendors/base.py",
+          "django_dbworker/vendors/triggers.py",
           'f"crashes = CASE WHEN {e}status IN ({done}) THEN 0 ELSE {e}crashes END, "',
           'f"crashes = {e}crashes, "',
           ("tests/test_reruns.py::test_a_row_failed_by_crashes_whose_data_changed_starts_its_"
