@@ -87,7 +87,8 @@ lane() (
     "$HERE/test-combos.sh" "$@"
   else
     echo "=================== tests on $name ==================="
-    DBWORKER_TEST_DB=$name "$PY" -m pytest "$@"
+    # The slowest tests of each lane, so every CI log says where its time went.
+    DBWORKER_TEST_DB=$name "$PY" -m pytest --durations=25 "$@"
   fi
 )
 
