@@ -31,8 +31,9 @@ $(DEMO_STAMP): pyproject.toml
 services:
 	scripts/services.sh
 
-# One lane per database plus one for the other Python/Django pairs (scripts/test-combos.sh),
-# one after another; DBWORKER_TEST_LANES=3 runs 3 at a time (see scripts/test.sh).
+# One lane per database plus one for the other Python/Django pairs (scripts/test-combos.sh):
+# first every lane's tests but the `solo` ones, 2 lanes at a time (DBWORKER_TEST_LANES), then
+# the solo tests one lane at a time (see scripts/test.sh).
 test: $(STAMP) services lint
 	PY=$(BIN)/python scripts/test.sh $(PYTEST_ARGS)
 

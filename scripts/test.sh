@@ -1,43 +1,47 @@
 #!/usr/bin/env bash
 # Run the whole suite once per database -- SQLite always, PostgreSQL and MariaDB/MySQL when
 # reachable -- and SQLite once more on the other supported Python and Django
-# (scripts/test-combos.sh), each suite a "lane" of its own, several lanes at once.
+# (scripts/test-combos.sh), each suite a "lane" of its own.
 # With CI=true an unreachable server is a failure, never a skip.
 #
-#   scripts/test.sh                                 # every lane, one after another
+#   scripts/test.sh                                 # every lane, in two phases (below)
 #   scripts/test.sh -q tests/test_smoke.py          # arguments go to every lane's pytest
-#   DBWORKER_TEST_LANES=3 scripts/test.sh           # 3 lanes at a time (a bigger machine)
+#   DBWORKER_TEST_LANES=1 scripts/test.sh           # one lane at a time, output live
 #   DBWORKER_TEST_DATABASES=postgres DBWORKER_TEST_WITH_COMBOS=0 scripts/test.sh
 #
-# DBWORKER_TEST_LANES   how many lanes run at once (default 1: one after another, output live)
+# DBWORKER_TEST_LANES   how many lanes share the machine in the first phase (default 2)
 # DBWORKER_TEST_DATABASES  which databases (default "sqlite postgres mysql")
 # DBWORKER_TEST_WITH_COMBOS  0: leave out the Python/Django combos lane (default 1)
 #
+# Two phases.
+#  1. Every lane's tests but the solo ones, DBWORKER_TEST_LANES lanes at a time. One lane
+#     alone keeps the 2-core CI machine about half idle (vmstat over a whole run: 47 % idle):
+#     its tests wait on leases, due times, sleeps and children starting, so a second lane
+#     fills that time.
+#  2. The tests marked `solo` (pyproject.toml), one lane at a time: the ones that keep every
+#     core busy on purpose, kill children on a clock, run several hosts or restart a server.
+#     Beside another lane they measure that lane, not themselves: three lanes at once once
+#     stretched every lane about 3 times (stop 43's CI, 3,012 s against 2,824 s in a row)
+#     and two chaos tests timed out, their children killed faster than a loaded machine
+#     could start them.
 # Running lanes side by side is safe: every run has test databases of its own (named after
 # its pid, tests/settings.py; DBWORKER_TEST_RUN_ID, when set, gets the lane's name added),
-# each server is stopped and started only by its own database's suite (tests/test_outage.py),
-# PgBouncer and the failover clusters are used by the PostgreSQL lane alone, namespace hosts
-# take a subnet each under a lock (tests/hosts.py), and the release build works on a copy.
-#
-# Why one at a time by default (measured on the 2-core CI machine). Unloaded, the suites
-# take about: PostgreSQL 900 s, MariaDB 735 s, SQLite 640 s, combos 475 s, and the whole
-# run in a row 2,824 s (stop 42's CI). Three lanes at once did not shorten it there: the
-# same run took 3,012 s, every lane stretched about 3 times (PostgreSQL 2,732 s, MariaDB
-# 2,555 s, SQLite 1,923 s), because the suites are mostly CPU -- spawned children that
-# import Django, spinners of the under-load tests -- not waiting. Stretched that far, the
-# chaos tests' children were killed faster than a loaded machine could start them, and two
-# of them timed out. Lanes side by side are for a machine with cores to spare.
-# A lane's output goes to a log file while it runs (one line says when each lane starts
-# and ends); when all have ended each log is printed whole, in a fixed order (sqlite,
-# postgres, mysql, combos), then the summary. The exit status is non-zero if any lane
-# failed. Ctrl-C (or SIGTERM) interrupts every lane's pytest, which stops its workers.
+# the tests that stop a server, use PgBouncer, the failover clusters or namespace hosts are
+# all solo, and the release build works on a copy.
+# In phase 1 a lane's output goes to a log file while it runs (one line says when each lane
+# starts and ends); when all have ended each log is printed whole, in a fixed order (sqlite,
+# postgres, mysql, combos). Phase 2's output is live. Then the summary; the exit status is
+# non-zero if any lane failed. Ctrl-C (or SIGTERM) interrupts every lane's pytest, which
+# stops its workers.
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 DATABASES=${DBWORKER_TEST_DATABASES:-sqlite postgres mysql}
-LANES=${DBWORKER_TEST_LANES:-1}
+LANES=${DBWORKER_TEST_LANES:-2}
 WITH_COMBOS=${DBWORKER_TEST_WITH_COMBOS:-1}
 HERE=$(dirname "$0")
 case $LANES in ''|*[!0-9]*|0) echo "DBWORKER_TEST_LANES=$LANES: give a number >= 1" >&2; exit 2;; esac
+SHARED="not solo"
+SOLO="solo"
 status=0
 summary=()
 
@@ -77,107 +81,120 @@ for db in $DATABASES; do
 done
 [ "$WITH_COMBOS" != 0 ] && order+=(combos)
 
-# One lane, its output on stdout; a subshell, so what it exports stays in it.
+# One lane's tests of one phase (its marker expression), output on stdout; a subshell, so
+# what it exports stays in it. pytest's 5 (nothing selected: a lane with no solo test, or
+# arguments naming only the other phase's tests) is no failure.
 lane() (
-  name=$1; shift
+  name=$1 marks=$2; shift 2
   if [ -n "${DBWORKER_TEST_RUN_ID:-}" ]; then  # one id for every lane would be one SQLite file
     export DBWORKER_TEST_RUN_ID="${DBWORKER_TEST_RUN_ID}_$name"
   fi
   if [ "$name" = combos ]; then
-    "$HERE/test-combos.sh" "$@"
+    DBWORKER_TEST_MARKS="$marks" "$HERE/test-combos.sh" "$@"
   else
-    echo "=================== tests on $name ==================="
+    echo "=================== tests on $name ($marks) ==================="
     # The slowest tests of each lane, so every CI log says where its time went.
-    DBWORKER_TEST_DB=$name "$PY" -m pytest --durations=25 "$@"
+    DBWORKER_TEST_DB=$name "$PY" -m pytest --durations=25 -m "$marks" "$@"
+    rc=$?
+    [ $rc -eq 5 ] && { echo "(no $marks tests selected on $name)"; rc=0; }
+    exit $rc
   fi
 )
 
-# Side by side, longest first (the usual durations, see above), so the short ones fill in
-# at the end; one at a time, in the order given, as before.
-start_order=()
-if [ "$LANES" -eq 1 ]; then
-  start_order=("${order[@]}")
-else
-  for name in postgres mysql sqlite combos; do
-    for wanted in "${order[@]}"; do [ "$wanted" = "$name" ] && start_order+=("$name"); done
-  done
-fi
-
 started=$(date +%s)
 elapsed() { echo $(( $(date +%s) - started )); }
-rcs=()      # rcs[i], took[i]: lane start_order[i]'s exit status and seconds
-took=()
+declare -A rc_of took_of   # "phase:lane" -> exit status, seconds
 
-if [ "$LANES" -eq 1 ]; then
-  for i in "${!start_order[@]}"; do
-    t0=$(date +%s)
-    lane "${start_order[$i]}" "$@"
-    rcs[i]=$?; took[i]=$(( $(date +%s) - t0 ))
-  done
-else
-  logs=$(mktemp -d "${TMPDIR:-/tmp}/dbworker-lanes.XXXXXX") || exit 1
+# run_phase PHASE MARKS AT_ONCE LANE... -- the lanes of one phase, AT_ONCE at a time.
+run_phase() {
+  local phase=$1 marks=$2 at_once=$3; shift 3
+  local names=("$@") i
+  [ "${#names[@]}" -gt "$at_once" ] || at_once=${#names[@]}
+  if [ "$at_once" -le 1 ]; then
+    for name in "${names[@]}"; do
+      local t0; t0=$(date +%s)
+      lane "$name" "$marks" "${ARGS[@]}"
+      rc_of[$phase:$name]=$?; took_of[$phase:$name]=$(( $(date +%s) - t0 ))
+    done
+    return
+  fi
+  local logs; logs=$(mktemp -d "${TMPDIR:-/tmp}/dbworker-lanes.XXXXXX") || exit 1
   # Job control: each lane in a process group of its own, which also keeps SIGINT from being
   # ignored in it (as it is for background commands without job control), so an interrupt
   # reaches pytest as KeyboardInterrupt and its fixtures stop the workers it started.
   set -m
-  pids=()    # pids[i]: lane i's process (and process group); "" once it has ended
-  t0s=()
+  local pids=() t0s=() next=0 running=0
   interrupt() {  # stop the lanes, then show how far each had come
     trap - INT TERM
     echo "interrupted: stopping the lanes" >&2
     for pid in "${pids[@]}"; do [ -n "$pid" ] && kill -INT -- "-$pid" 2>/dev/null; done
     wait
     for i in "${!pids[@]}"; do
-      echo "################### lane: ${start_order[$i]} (interrupted) ###################"
+      echo "################### lane: ${names[$i]} (interrupted) ###################"
       cat "$logs/$i.log"
     done
     rm -rf "$logs"
     exit 130
   }
   trap interrupt INT TERM
-  next=0; running=0
-  while [ "$next" -lt "${#start_order[@]}" ] || [ "$running" -gt 0 ]; do
-    while [ "$running" -lt "$LANES" ] && [ "$next" -lt "${#start_order[@]}" ]; do
-      lane "${start_order[$next]}" "$@" >"$logs/$next.log" 2>&1 </dev/null &
+  while [ "$next" -lt "${#names[@]}" ] || [ "$running" -gt 0 ]; do
+    while [ "$running" -lt "$at_once" ] && [ "$next" -lt "${#names[@]}" ]; do
+      lane "${names[$next]}" "$marks" "${ARGS[@]}" >"$logs/$next.log" 2>&1 </dev/null &
       pids[next]=$!; t0s[next]=$(date +%s)
-      printf '[%5ss] %s: started\n' "$(elapsed)" "${start_order[$next]}"
+      printf '[%5ss] %s (%s): started\n' "$(elapsed)" "${names[$next]}" "$marks"
       next=$((next + 1)); running=$((running + 1))
     done
     # Polled rather than `wait -n` (bash 4.3; which lane ended needs 5.1's -p): any bash
     # does, and a second is nothing against lanes of minutes.
     sleep 1
     for i in "${!pids[@]}"; do
-      pid=${pids[$i]}
+      local pid=${pids[$i]}
       if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
-        wait "$pid"; rcs[i]=$?; took[i]=$(( $(date +%s) - t0s[i] ))
+        wait "$pid"; rc_of[$phase:${names[$i]}]=$?
+        took_of[$phase:${names[$i]}]=$(( $(date +%s) - t0s[i] ))
         pids[i]=""; running=$((running - 1))
-        printf '[%5ss] %s: ended, exit %s (%ss)\n' "$(elapsed)" "${start_order[$i]}" "${rcs[$i]}" "${took[$i]}"
+        printf '[%5ss] %s (%s): ended, exit %s (%ss)\n' "$(elapsed)" "${names[$i]}" "$marks" \
+          "${rc_of[$phase:${names[$i]}]}" "${took_of[$phase:${names[$i]}]}"
       fi
     done
   done
   trap - INT TERM
   set +m
   for name in "${order[@]}"; do
-    for i in "${!start_order[@]}"; do
-      [ "${start_order[$i]}" = "$name" ] || continue
-      echo "################### lane: $name (exit ${rcs[$i]}, ${took[$i]}s) ###################"
+    for i in "${!names[@]}"; do
+      [ "${names[$i]}" = "$name" ] || continue
+      echo "################### lane: $name, $marks (exit ${rc_of[$phase:$name]}, ${took_of[$phase:$name]}s) ###################"
       cat "$logs/$i.log"
     done
   done
   rm -rf "$logs"
+}
+
+ARGS=("$@")
+if [ "${#order[@]}" -gt 0 ]; then
+  # Longest first (PostgreSQL's suite is the longest, then MariaDB's, SQLite's, the
+  # combos'), so the short ones fill in at the end.
+  start_order=()
+  for name in postgres mysql sqlite combos; do
+    for wanted in "${order[@]}"; do [ "$wanted" = "$name" ] && start_order+=("$name"); done
+  done
+  [ "$LANES" -eq 1 ] && start_order=("${order[@]}")
+  echo "=================== phase 1: all but the solo tests, $LANES lane(s) at a time ==================="
+  run_phase shared "$SHARED" "$LANES" "${start_order[@]}"
+  echo "=================== phase 2: the solo tests, one lane at a time ==================="
+  run_phase solo "$SOLO" 1 "${order[@]}"
 fi
 
 for name in "${order[@]}"; do
-  for i in "${!start_order[@]}"; do
-    [ "${start_order[$i]}" = "$name" ] || continue
-    [ "${rcs[$i]}" -ne 0 ] && status=1
-    if [ "$name" = combos ]; then
-      summary+=("combos (scripts/test-combos.sh): exit ${rcs[$i]} (${took[$i]}s)")
-    else
-      summary+=("$name: pytest exit ${rcs[$i]} (${took[$i]}s)")
-    fi
+  line="$name:"
+  for phase in shared solo; do
+    rc=${rc_of[$phase:$name]:-?}
+    [ "$rc" = 0 ] || status=1
+    line+=" $phase exit $rc (${took_of[$phase:$name]:-?}s)"
   done
+  [ "$name" = combos ] && line="combos (scripts/test-combos.sh):${line#combos:}"
+  summary+=("$line")
 done
-echo "=================== summary ($(elapsed)s, ${LANES} lane(s) at a time) ==================="
+echo "=================== summary ($(elapsed)s; phase 1 $LANES lane(s) at a time) ==================="
 printf '%s\n' "${summary[@]}"
 exit $status

@@ -42,6 +42,7 @@ def test_the_reported_case_drains_every_step():
     ("multi_default_order", "multi2", 1),  # creation order (one statement on PostgreSQL)
     ("multi_default_order", "multi2", 2),
 ])
+@pytest.mark.solo  # it keeps every core busy itself
 def test_drains_under_load_never_exit_with_work_left(worker, kind, concurrency):
     rng = random.Random(f"{worker}-{concurrency}")
     bad = []

@@ -52,9 +52,9 @@ from tests.helpers import ROOT, run_lab, runworkers, settings_module, subprocess
 from tests.processes import Output
 
 DB = os.environ.get("DBWORKER_TEST_DB", "sqlite")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     DB != "postgres", reason="failover to a promoted streaming replica is PostgreSQL's "
-    "(PostgreSQL runs only: DBWORKER_TEST_DB=postgres)")
+    "(PostgreSQL runs only: DBWORKER_TEST_DB=postgres)"), pytest.mark.solo]
 
 DATABASE = "dbworker_failover"
 ROWS = 300

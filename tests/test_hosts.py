@@ -38,6 +38,7 @@ pytestmark = [
     pytest.mark.skipif(DB == "sqlite", reason="SQLite has no network: separate hosts cannot "
                        "share one SQLite file over one (PostgreSQL and MariaDB runs only)"),
     pytest.mark.django_db(transaction=True),
+    pytest.mark.solo,
 ]
 
 

@@ -23,7 +23,7 @@ from tests.helpers import drain, effects, execute, run_with_settings, runworkers
 from tests.processes import Output, run_command, server_stop_start
 from tests.testapp.models import Document, StressJob
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.solo]
 # Tests that stop a server or need one exist only in the PostgreSQL and MariaDB runs of
 # the matrix (so the SQLite run reports no skip for them).
 SERVER = os.environ.get("DBWORKER_TEST_DB", "sqlite") != "sqlite"

@@ -43,6 +43,7 @@ pytestmark = [
     pytest.mark.skipif(DB != "postgres", reason="PgBouncer pools PostgreSQL connections only "
                        "(PostgreSQL runs only)"),
     pytest.mark.django_db(transaction=True),
+    pytest.mark.solo,
 ]
 WARNING = "NOTIFY does not reach"
 

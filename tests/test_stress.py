@@ -19,7 +19,7 @@ from tests.helpers import effects, runworkers, wait_for
 from tests.processes import BANNER, Killer, Output
 from tests.testapp.models import StressJob
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.solo]
 
 ROWS = 2000
 
