@@ -6,7 +6,7 @@ admin's; the API's). Transitions are written once, in SQLAlchemy Core, and run o
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
@@ -30,7 +30,8 @@ class Session(Protocol):
 
     vendor: Vendor
 
-    def run(self, statement: sa.ClauseElement) -> Ran: ...
+    def run(self, statement: sa.ClauseElement, params: Mapping[str, Any] | None = None,
+            shape: Hashable | None = None) -> Ran: ...
 
 
 class OnEngine:
@@ -39,8 +40,10 @@ class OnEngine:
     def __init__(self, connection: Connection, vendor: Vendor) -> None:
         self.connection, self.vendor = connection, vendor
 
-    def run(self, statement: sa.ClauseElement) -> Ran:
-        result = self.connection.execute(statement)  # type: ignore[call-overload]
+    def run(self, statement: sa.ClauseElement, params: Mapping[str, Any] | None = None,
+            shape: Hashable | None = None) -> Ran:
+        # (SQLAlchemy keeps compiled statements itself, by their shape.)
+        result = self.connection.execute(statement, dict(params or {}))  # type: ignore[call-overload]
         rows = result.all() if result.returns_rows else ()
         return Ran(result.rowcount if not result.returns_rows else len(rows), rows)
 
@@ -57,18 +60,35 @@ class OnDjango:
         self.alias = alias
         self.vendor = for_connection(connections[alias])
 
-    def run(self, statement: sa.ClauseElement) -> Ran:
+    def run(self, statement: sa.ClauseElement, params: Mapping[str, Any] | None = None,
+            shape: Hashable | None = None) -> Ran:
+        """``params``: the values of the statement's named parameters; ``shape``: a key
+        that names the statement's text, so its compiled form is kept (the child's
+        outcomes: compiling took longer than running)."""
         from django.db import connections
 
-        compiled = statement.compile(dialect=_dialect(self.vendor.sqlalchemy_driver),
-                                     compile_kwargs={"render_postcompile": True})
+        driver = self.vendor.sqlalchemy_driver
+        compiled: Any = None if shape is None else _COMPILED.get((driver, shape))
+        if compiled is None:
+            compiled = statement.compile(dialect=_dialect(driver),
+                                         compile_kwargs={"render_postcompile": shape is None})
+            if shape is not None:
+                if len(_COMPILED) >= COMPILED_CACHE_SIZE:
+                    _COMPILED.clear()
+                _COMPILED[driver, shape] = compiled
         with connections[self.alias].cursor() as cursor:
-            cursor.execute(compiled.string, compiled.construct_params())
+            cursor.execute(compiled.string, compiled.construct_params(params))
             if not cursor.description:
                 return Ran(cursor.rowcount)
             named = _row_type(tuple(column[0] for column in cursor.description))
             rows = [named._make(r) for r in cursor.fetchall()]
             return Ran(len(rows), rows)
+
+
+# OnDjango's compiled statements, by (driver, shape): a few shapes (an outcome, the rows
+# of a group); emptied if it ever grows past this.
+COMPILED_CACHE_SIZE = 500
+_COMPILED: dict[tuple[str, Hashable], Any] = {}
 
 
 @cache

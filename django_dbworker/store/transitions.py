@@ -81,12 +81,27 @@ def locked(vendor: Vendor, select: sa.Select[Any]) -> sa.Select[Any]:
     return select  # one writer at a time (SQLite): the UPDATEs re-check instead
 
 
-def per_row(vendor: Vendor, seconds: Mapping[int, float]) -> sa.ColumnElement[Any]:
-    """A time that differs per row, in one statement: ``CASE id WHEN .. THEN now + s``."""
-    if len(seconds) == 1:
-        return now(vendor, next(iter(seconds.values())))
-    return sa.case({i: now(vendor, s) for i, s in seconds.items()},
-                   value=execution_table().c.id)
+def per_row(vendor: Vendor, name: str, rows: int) -> sa.ColumnElement[Any]:
+    """A time that differs per row, in one statement: ``CASE id WHEN :id0 THEN now +
+    :name0 ...`` (the ids are the parameters ``held_rows`` binds; the seconds are
+    ``name0``, ``name1``... in the vendor's form, ``Vendor.seconds_value``)."""
+    times = [vendor.now_plus_bound(sa.bindparam(f"{name}{i}")) for i in range(rows)]
+    if rows == 1:
+        return times[0]
+    e = execution_table()
+    return sa.case(*[(e.c.id == sa.bindparam(f"{ROW_ID}{i}"), times[i]) for i in range(rows)])
+
+
+ROW_ID, ROW_TOKEN = "dbw_id", "dbw_tok"  # held_rows' parameters, numbered per row
+
+
+def held_rows(rows: int) -> sa.ColumnElement[bool]:
+    """``held`` for ``rows`` rows whose ids and tokens are parameters (``dbw_id0``,
+    ``dbw_tok0``...): one statement text for any group of that many rows."""
+    e = execution_table()
+    each = [sa.and_(e.c.id == sa.bindparam(f"{ROW_ID}{i}"),
+                    e.c.claim_token == sa.bindparam(f"{ROW_TOKEN}{i}")) for i in range(rows)]
+    return sa.and_(e.c.status == WORKING, sa.or_(*each))
 
 
 def _rerun_aware(values: list[tuple[str, Any]], rerun_on: bool) -> list[tuple[str, Any]]:
@@ -160,30 +175,58 @@ def finish(session: Session, attempts: Sequence[Ended], *, rerun_on: bool = Fals
            rerun_every: float | None = None) -> int:
     """FINISHED: the handler is done with the row. With ``rerun_every`` (seconds) it
     waits to go stale that long after it finished. Returns rows changed."""
-    vendor = session.vendor
-    values = _handler_ended(session, attempts, FINISHED)
-    values.append(("finished_at", per_row(vendor, {a.execution_id: a.finished for a in attempts})))
-    if rerun_every is not None:
-        values.append(("next_attempt_at", per_row(vendor, {
-            a.execution_id: rerun_every + a.finished for a in attempts})))
-    return session.run(_update(held(attempts), _rerun_aware(values, rerun_on))).rowcount
+    stale = rerun_every is not None
+    params = _ended_params(session.vendor, attempts, stale_after=rerun_every)
+    return session.run(_handler_ended(session.vendor, FINISHED, len(attempts), rerun_on, stale),
+                       params, shape=(FINISHED, len(attempts), rerun_on, stale)).rowcount
 
 
 def continue_later(session: Session, attempts: Sequence[Ended], *,
                    rerun_on: bool = False) -> int:
     """UNFINISHED: the handler made progress and wants to run again, claimable at once
     (a continuation uses up no retries: attempts start again at 0)."""
-    values = _handler_ended(session, attempts, UNFINISHED)
-    values += [("attempts", 0), ("ready_at", now(session.vendor))]
-    return session.run(_update(held(attempts), _rerun_aware(values, rerun_on))).rowcount
+    params = _ended_params(session.vendor, attempts)
+    return session.run(_handler_ended(session.vendor, UNFINISHED, len(attempts), rerun_on, False),
+                       params, shape=(UNFINISHED, len(attempts), rerun_on, False)).rowcount
 
 
-def _handler_ended(session: Session, attempts: Sequence[Ended], status: str) -> list[tuple[str, Any]]:
-    vendor = session.vendor
-    return [("status", status), ("claim_token", None), ("lease_expires_at", None),
+# The child ends every group of rows with finish or continue_later: their statements are
+# built once per shape (status, rows in the group, options) with every value a parameter,
+# and a session may keep them compiled (store/session.py). Building and compiling one
+# took longer than the database took to run it.
+_ENDED: dict[tuple[str, str, int, bool, bool], sa.Update] = {}
+
+
+def _handler_ended(vendor: Vendor, status: str, rows: int, rerun_on: bool,
+                   stale: bool) -> sa.Update:
+    key = (vendor.name, status, rows, rerun_on, stale)
+    statement = _ENDED.get(key)
+    if statement is None:
+        values: list[tuple[str, Any]] = [
+            ("status", status), ("claim_token", None), ("lease_expires_at", None),
             ("error_type", None), ("error_message", None), ("error_traceback", None),
             ("rerun_reason", None), ("crashes", 0), ("updated_at", now(vendor)),
-            ("started_at", per_row(vendor, {a.execution_id: a.started for a in attempts}))]
+            ("started_at", per_row(vendor, "dbw_started", rows))]
+        if status == FINISHED:
+            values.append(("finished_at", per_row(vendor, "dbw_finished", rows)))
+            if stale:
+                values.append(("next_attempt_at", per_row(vendor, "dbw_stale", rows)))
+        else:
+            values += [("attempts", 0), ("ready_at", now(vendor))]
+        statement = _ENDED[key] = _update(held_rows(rows), _rerun_aware(values, rerun_on))
+    return statement
+
+
+def _ended_params(vendor: Vendor, attempts: Sequence[Ended],
+                  stale_after: float | None = None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for i, a in enumerate(attempts):
+        params[f"{ROW_ID}{i}"], params[f"{ROW_TOKEN}{i}"] = a.execution_id, a.token
+        params[f"dbw_started{i}"] = vendor.seconds_value(a.started)
+        params[f"dbw_finished{i}"] = vendor.seconds_value(a.finished)
+        if stale_after is not None:
+            params[f"dbw_stale{i}"] = vendor.seconds_value(stale_after + a.finished)
+    return params
 
 
 # -- failures and interruptions -------------------------------------------------------------

@@ -250,6 +250,16 @@ class Vendor(TriggerDDL):
         """A timestamp column plus a number of seconds."""
         raise NotImplementedError
 
+    def now_plus_bound(self, seconds: Any) -> Any:
+        """The database's now plus a number of seconds that is the bound parameter
+        ``seconds`` (SQLAlchemy), its value given by seconds_value(): one statement text
+        whatever the seconds (store/transitions.py's prepared statements)."""
+        raise NotImplementedError
+
+    def seconds_value(self, seconds: float) -> Any:
+        """The value of a now_plus_bound() parameter for ``seconds``."""
+        return float(seconds)
+
     # -- source keys: the one place they are converted -------------------------------------
     def text_key_sql(self, column_sql: str) -> str:
         """The source key as text: what Execution.source_id holds, the same text

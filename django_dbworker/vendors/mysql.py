@@ -145,6 +145,15 @@ class MySQL(Vendor):
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         return f"({column_sql} + INTERVAL {round(seconds * 1_000_000)} MICROSECOND)"
 
+    def now_plus_bound(self, seconds: Any) -> Any:
+        import sqlalchemy as sa
+
+        return sa.func.timestampadd(sa.literal_column("MICROSECOND"), seconds,
+                                    sa.literal_column(self.now_sql()))
+
+    def seconds_value(self, seconds: float) -> Any:
+        return round(seconds * 1_000_000)  # microseconds
+
     def key_needs_cast(self, pk_field: Any) -> bool:
         # UUIDs are char(32) here: already the text form.
         return super().key_needs_cast(pk_field) and pk_field.get_internal_type() != "UUIDField"

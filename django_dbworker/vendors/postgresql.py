@@ -163,6 +163,13 @@ class PostgreSQL(Vendor):
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         return f"({column_sql} + interval '{float(seconds):.6f} seconds')"
 
+    def now_plus_bound(self, seconds: Any) -> Any:
+        import sqlalchemy as sa
+
+        zero: Any = sa.literal_column("0")
+        return sa.literal_column(self.now_sql()).op("+")(
+            sa.func.make_interval(zero, zero, zero, zero, zero, zero, sa.cast(seconds, sa.Float())))
+
     def text_key_sql(self, column_sql: str) -> str:
         return f"CAST({column_sql} AS text)"
 

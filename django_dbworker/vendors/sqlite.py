@@ -102,6 +102,15 @@ class SQLite(Vendor):
     def now_plus_sql(self, seconds: float) -> str:
         return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '{float(seconds):+.3f} seconds')"
 
+    def now_plus_bound(self, seconds: Any) -> Any:
+        import sqlalchemy as sa
+
+        return sa.func.strftime(sa.literal_column("'%Y-%m-%d %H:%M:%f'"), sa.literal_column("'now'"),
+                                seconds)
+
+    def seconds_value(self, seconds: float) -> Any:
+        return f"{float(seconds):+.3f} seconds"
+
     def plus_seconds_sql(self, column_sql: str, seconds: float) -> str:
         return f"strftime('%Y-%m-%d %H:%M:%f', {column_sql}, '{float(seconds):+.3f} seconds')"
 

@@ -27,8 +27,10 @@ class Recorder:
     def __init__(self) -> None:
         self.vendor = MySQL(connection=None)  # type: ignore[arg-type]
         self.sql: list[str] = []
+        self.statements: list[tuple] = []  # (statement, params, shape)
 
-    def run(self, statement) -> Ran:
+    def run(self, statement, params=None, shape=None) -> Ran:
+        self.statements.append((statement, params, shape))
         self.sql.append(str(statement.compile(dialect=mysql.dialect(),
                                               compile_kwargs={"render_postcompile": True})))
         return Ran(1)
@@ -116,3 +118,20 @@ def test_times_are_the_databases_never_a_bound_value(s):
     for sql in s.sql:
         assert "UTC_TIMESTAMP(6)" in sql
         assert "datetime" not in sql.lower()
+
+
+def test_a_groups_outcome_is_one_statement_per_shape_with_every_value_a_parameter(s):
+    """The child ends every group with finish or continue_later: the statement is built
+    once per shape (and a session may keep it compiled), the rows' ids, tokens and times
+    are parameters."""
+    transitions.finish(s, [Ended(1, "a", -2.5, -1.0), Ended(2, "a", -1.0, 0.0)])
+    transitions.finish(s, [Ended(8, "b", -9.0, -3.0), Ended(9, "c", -4.0, -2.0)])
+    transitions.finish(s, [Ended(8, "b", -9.0, -3.0)])
+    (first, p1, shape1), (second, p2, shape2), (alone, _, shape3) = s.statements
+    assert first is second and shape1 == shape2 and s.sql[0] == s.sql[1]
+    assert alone is not first and shape3 != shape1
+    assert p1 == {"dbw_id0": 1, "dbw_tok0": "a", "dbw_started0": -2_500_000, "dbw_finished0": -1_000_000,
+                  "dbw_id1": 2, "dbw_tok1": "a", "dbw_started1": -1_000_000, "dbw_finished1": 0}
+    assert p2["dbw_id1"] == 9 and p2["dbw_tok1"] == "c" and p2["dbw_started0"] == -9_000_000
+    for value in ("-2500000", "'a'", "'b'"):
+        assert value not in s.sql[0]
