@@ -129,6 +129,10 @@ class Execution(models.Model):
     error_message = models.TextField(null=True, blank=True)
     error_traceback = models.TextField(null=True, blank=True)
     claimed_by = models.CharField(max_length=255, null=True, blank=True)  # "host:pid"
+    # The flow-control key (a worker's key=): the source row's value as text, written by
+    # the claim that made the row WORKING, so a limit counts the key the row ran with
+    # (docs/flow-control.md).
+    flow_key = models.CharField(max_length=255, null=True, blank=True, editable=False)
     # rerun_on: a listed column changed while a handler ran; the row runs again after
     # that run commits. rerun_reason says why a finished row came back ("changed: file",
     # "stale" for rerun_every).
@@ -156,6 +160,8 @@ class Execution(models.Model):
             models.Index(fields=["worker", "status"], name="dbworker_worker_status"),
             # Recent failures and the dashboard's last hour: a range of the ends, by status.
             models.Index(fields=["status", "finished_at"], name="dbworker_status_finished"),
+            # A key's running rows (per_key), counted by the claim: one index range.
+            models.Index(fields=["worker", "flow_key", "status"], name="dbworker_working_key"),
         ]
         verbose_name = "execution"
         ordering = ["-id"]
@@ -180,6 +186,22 @@ class Execution(models.Model):
             "message": self.error_message or "",
             "traceback": self.error_traceback or "",
         }
+
+
+class FlowLock(models.Model):
+    """What a claim locks before it counts running rows against a limit: one row per
+    worker and key (key "" for the worker's total). Claims of one key, on every host,
+    take turns on its row, so the count each reads includes the claims before it.
+    Claims create these rows as they need them; they hold no state of their own."""
+
+    worker = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["worker", "key"], name="dbworker_flowlock_key"),
+        ]
+        verbose_name = "flow lock"
 
 
 class CoordinatorHeartbeat(models.Model):

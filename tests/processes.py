@@ -50,6 +50,42 @@ class Output:
         return code
 
 
+class Coordinators:
+    """Several real `runworkers` processes with the same arguments, their output read as
+    they run (killed, with their children, when the test ends: see conftest)."""
+
+    def __init__(self, count: int, *args: str) -> None:
+        from tests.helpers import runworkers
+
+        self.procs = [runworkers(*args) for _ in range(count)]
+        self.outputs = [Output(p) for p in self.procs]
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def report(self) -> str:
+        return "\n".join(f"--- coordinator {p.pid} (exit {p.poll()}):\n{o.err[-4000:]}"
+                         for p, o in zip(self.procs, self.outputs, strict=True))
+
+    def wait_started(self, timeout: float = 120) -> None:
+        """Until every one has started (its banner), failing if one ended first."""
+        from tests.helpers import wait_for
+
+        wait_for(lambda: all(BANNER in o.err for o in self.outputs) or not self.alive(),
+                 timeout=timeout, interval=0.1)
+        assert self.alive(), self.report()
+
+    def stop(self, timeout: float = 120) -> list[int]:
+        """SIGTERM to each; their exit codes."""
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        return [o.wait(timeout=timeout) for o in self.outputs]
+
+
 def worker_children(parent: int) -> list[int]:
     """Pids of the spawned worker children of ``parent`` (not multiprocessing's resource
     tracker). Reads /proc: psutil may not be installed, and /proc/<pid>/task/*/children

@@ -95,13 +95,14 @@ if os.environ.get("DBWORKER_FAILPOINT"):
 TASKS = {
     "default": {
         "BACKEND": "django_dbworker.tasks.DatabaseBackend",
-        "QUEUES": ["default", "emails", "retries", "crashes"],
+        "QUEUES": ["default", "emails", "retries", "crashes", "capped"],
         "OPTIONS": {
             "CONCURRENCY": 2,
             "QUEUE_OPTIONS": {
                 "emails": {"CONCURRENCY": 1, "TIMEOUT": 3},
                 "retries": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 3, "RETRY_BACKOFF": 0.01},
                 "crashes": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 2, "RETRY_BACKOFF": 1},
+                "capped": {"CONCURRENCY": 2, "TOTAL": 1},  # tests/test_flow_control.py
             },
         },
     },

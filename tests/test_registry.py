@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
@@ -113,3 +115,33 @@ def test_workers_py_is_autodiscovered():
     assert found["modules"] is True  # imported by discovery, at set-up
     assert {"docs", "summaries", "uuids", "tags"} <= set(found["workers"])
     assert found["workers"]["docs"] == 2
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"per_key": 1}, "per_key=1 needs key=, the field whose value the limit counts by"),
+    ({"key": "author"}, "key='author' is given without per_key=; give per_key=N"),
+    ({"key": "nope", "per_key": 1}, "key names 'nope', which Document does not have"),
+    ({"key": "id", "per_key": 1}, "key field 'id' must be a concrete column of Document other than"),
+    ({"key": "author", "per_key": 0}, "per_key must be an int >= 1"),
+    ({"total": 2.5}, "total must be an int >= 1"),
+    ({"key": 3, "per_key": 1}, "key must be a field name of the source model"),
+])
+def test_bad_flow_limits_are_refused_naming_the_fix(options, message):
+    with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+        worker(name="limited", source=Document, registry=Registry(), **options)(module_level)
+
+
+def test_a_key_too_long_for_its_column_is_refused():
+    with pytest.raises(ImproperlyConfigured, match="can hold values longer than the 255"):
+        worker(name="limited", source=Document, registry=Registry(), key="text",
+               per_key=1)(module_level)
+
+
+def test_a_foreign_key_is_a_key_by_its_column():
+    reg = Registry()
+    worker(name="limited", source=Document, registry=reg, key="author", per_key=2,
+           total=5)(module_level)
+    w = reg["limited"]
+    assert (w.key_column, w.per_key, w.total, w.limited) == ("author_id", 2, 5, True)
+    worker(name="free", source=Document, registry=reg)(module_level)
+    assert not reg["free"].limited

@@ -7,7 +7,6 @@ MariaDB/MySQL, 2 x 2 on SQLite (one writer at a time: more only queue on its loc
 """
 
 import re
-import signal
 import time
 from collections import Counter
 
@@ -15,8 +14,8 @@ import pytest
 from django.db import connection
 
 from django_dbworker.models import Execution
-from tests.helpers import effects, runworkers, wait_for
-from tests.processes import BANNER, Killer, Output
+from tests.helpers import effects, wait_for
+from tests.processes import Coordinators, Killer
 from tests.testapp.models import StressJob
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.solo]
@@ -37,32 +36,21 @@ def test_random_child_kills_under_several_coordinators_lose_nothing_and_run_noth
     ids = {str(pk) for pk in StressJob.objects.values_list("pk", flat=True)}
     assert len(ids) == ROWS
     started = time.monotonic()
-    procs = [runworkers("--worker", "stress", "--concurrency", "stress=2", "--status-interval", "5")
-             for _ in range(coordinators)]
-    outputs = [Output(p) for p in procs]
-
-    def report() -> str:
-        return "\n".join(f"--- coordinator {p.pid} (exit {p.poll()}):\n{o.err[-4000:]}"
-                         for p, o in zip(procs, outputs, strict=True))
-
+    group = Coordinators(coordinators, "--worker", "stress", "--concurrency", "stress=2",
+                         "--status-interval", "5")
     # Kill only once every coordinator is up: a child that dies while its coordinator
     # starts is a start-up failure (reported, exit 1), not what this test is about.
-    wait_for(lambda: all(BANNER in o.err for o in outputs) or any(p.poll() is not None for p in procs),
-             timeout=120, interval=0.1)
-    assert all(p.poll() is None for p in procs), report()
-    killer = Killer([p.pid for p in procs])
+    group.wait_started()
+    killer = Killer(group.pids)
     killer.start()
     try:
-        wait_for(lambda: statuses()["finished"] == ROWS or any(p.poll() is not None for p in procs),
+        wait_for(lambda: statuses()["finished"] == ROWS or not group.alive(),
                  timeout=240, interval=0.5)
     finally:
         killer.stop()
     elapsed = time.monotonic() - started
-    assert all(p.poll() is None for p in procs), "a coordinator died:\n" + report()
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    codes = [o.wait(timeout=120) for o in outputs]
-    assert codes == [0] * coordinators, report()
+    assert group.alive(), "a coordinator died:\n" + group.report()
+    assert group.stop() == [0] * coordinators, group.report()
 
     # None lost: every row finished; none run twice: exactly one committed business effect.
     assert statuses() == {"finished": ROWS}
@@ -73,7 +61,7 @@ def test_random_child_kills_under_several_coordinators_lose_nothing_and_run_noth
     assert len(killer.killed) >= 5, f"only {len(killer.killed)} kills in {elapsed:.0f}s"
     rerun = Execution.objects.filter(worker="stress", attempts__gt=1).count()
     # Each coordinator's last status line (logged when it stops): claimed ..., crashed ...
-    final = [re.findall(r"claimed (\d+),.* crashed (\d+)", o.err)[-1] for o in outputs]
+    final = [re.findall(r"claimed (\d+),.* crashed (\d+)", o.err)[-1] for o in group.outputs]
     claimed = [int(c) for c, _ in final]
     crashed = sum(int(k) for _, k in final)
     assert rerun >= 1 and crashed >= 1, (rerun, crashed)

@@ -40,3 +40,12 @@ class Effect(models.Model):
     job_id = models.BigIntegerField()
     started_at = models.FloatField()  # time.time() when the handler started
     pid = models.IntegerField()
+
+
+class KeyedJob(models.Model):
+    """Work for the `bench_keyed` worker (per_key=1 on `priority`: the harness gives each
+    row one of 1,000 values). A table of its own, as PoisonJob is."""
+
+    created_ts = models.FloatField(default=0.0)
+    priority = models.IntegerField(default=0)
+    ready = models.BooleanField(default=True)

@@ -8,7 +8,7 @@ import time
 
 from django_dbworker import Finished, worker
 
-from .models import Effect, Job, OrderedJob, PoisonJob
+from .models import Effect, Job, KeyedJob, OrderedJob, PoisonJob
 
 
 @worker(name="bench", source=Job, concurrency=2)
@@ -38,4 +38,11 @@ def handle_poison_job(job: PoisonJob) -> Finished:
         os._exit(3)  # the child dies mid-handler, every time this row runs
     started = time.time()
     Effect.objects.create(system="poison", job_id=job.pk, started_at=started, pid=os.getpid())
+    return Finished()
+
+
+@worker(name="bench_keyed", source=KeyedJob, concurrency=2, key="priority", per_key=1)
+def handle_keyed_job(job: KeyedJob) -> Finished:
+    started = time.time()
+    Effect.objects.create(system="dbworker", job_id=job.pk, started_at=started, pid=os.getpid())
     return Finished()

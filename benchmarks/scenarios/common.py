@@ -111,6 +111,7 @@ def migrate(db: str) -> None:
 
 # -- database helpers (harness side, Django ORM on the alias of each database) -----------
 TABLES = ["benchapp_effect", "benchapp_job", "benchapp_orderedjob", "benchapp_poisonjob",
+          "benchapp_keyedjob", "django_dbworker_flowlock",
           "django_dbworker_execution", "django_dbworker_coordinatorheartbeat"]
 
 
@@ -167,9 +168,9 @@ def wait_for_purge(cursor: Any, limit: float = 120.0) -> None:
 
 
 def model_for(worker: str) -> Any:
-    from benchapp.models import Job, OrderedJob
+    from benchapp.models import Job, KeyedJob, OrderedJob
 
-    return OrderedJob if worker == "bench_ordered" else Job
+    return {"bench_ordered": OrderedJob, "bench_keyed": KeyedJob}.get(worker, Job)
 
 
 def queue_jobs(db: str, n: int, worker: str = "bench") -> list[int]:

@@ -191,6 +191,9 @@ def drain_systems(db: str, cfg: Cfg) -> list[System]:
                lambda: drain_noqueue(db, n, cfg, GROUP), ceiling=True),
         System(f"no queue {name}, 1 job/transaction", db, lambda: drain_noqueue(db, n, cfg, 1)),
         System(f"dbworker {name}", db, lambda: drain_dbworker(db, n, cfg)),
+        # Flow control (docs/flow-control.md): the same drain with per_key=1 over 1,000 keys.
+        System(f"dbworker {name}, per_key=1 over 1,000 keys", db,
+               lambda: drain_dbworker(db, n, cfg, worker="bench_keyed")),
     ]
     if db != "postgres":
         return systems

@@ -98,11 +98,11 @@ class ExecutionAdmin(admin.ModelAdmin):
     # Facets run a COUNT per filter choice on every page view; the dashboard has the counts.
     show_facets = admin.ShowFacets.NEVER
     actions = ["reset_failed", "run_again"]
-    readonly_fields = ["source_link", "status_badge", "traceback"]
+    readonly_fields = ["source_link", "status_badge", "traceback", "flow_key"]
     fieldsets = [
         (None, {"fields": ["worker", "source_link", "status_badge", "attempts", "crashes",
                            "next_attempt_at"]}),
-        ("Claim", {"fields": ["claimed_by", "lease_expires_at"]}),
+        ("Claim", {"fields": ["claimed_by", "lease_expires_at", "flow_key"]}),
         ("Timeline", {"fields": ["created_at", "started_at", "finished_at", "updated_at"]}),
         ("Error", {"fields": ["error_type", "error_message", "traceback"]}),
     ]

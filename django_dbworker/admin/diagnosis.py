@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db import connections
 from django.db.models import Exists
 from django.db.models.sql.where import WhereNode
 
@@ -77,12 +78,41 @@ def diagnose(worker: str, source: Any) -> list[Finding]:
                                 f"{_by(pause.paused_by)} at {pause.paused_at:%Y-%m-%d %H:%M} UTC"
                                 f"{': ' + pause.reason if pause.reason else ''}."))
     findings.extend(_eligibility(w, database, pk))
+    findings.extend(_limits(w, database, pk, execution))
     findings.append(_coordinators(w, database, now))
     return findings
 
 
 def _by(who: str) -> str:
     return f"by {who}" if who else "by someone"
+
+
+def _limits(w: Worker, database: str, pk: Any, execution: Execution) -> list[Finding]:
+    """The worker's limits (per_key, total) as the next claim would count them: the
+    rows WORKING now, of the row's key and of the worker."""
+    findings = []
+    running = Execution.objects.using(database).filter(worker=w.name, status="working")
+    claimable = execution.status in ("pending", "unfinished")
+    if w.per_key is not None and w.key is not None:
+        value = (w.source._default_manager.using(database).filter(pk=pk)
+                 .values_list(w.key, flat=True).first())
+        if value is None:
+            findings.append(Finding("per-key limit", False,
+                                    f"Its {w.key} is empty: no per-key limit applies."))
+        else:
+            # (As the claim writes it: the database's text of the value, which for a UUID
+            # on MySQL is its 32 hex digits.)
+            field: Any = w.source._meta.get_field(w.key)
+            field = getattr(field, "target_field", None) or field
+            text = str(field.get_db_prep_value(value, connections[database], prepared=False))
+            n = running.filter(flow_key=text).count()
+            findings.append(Finding("per-key limit", claimable and n >= w.per_key,
+                                    f"{w.key} {value}: {n} of {w.per_key} running."))
+    if w.total is not None:
+        n = running.count()
+        findings.append(Finding("total limit", claimable and n >= w.total,
+                                f"Worker {w.name}: {n} of {w.total} running."))
+    return findings
 
 
 def _status(e: Execution, now: Any) -> Finding:

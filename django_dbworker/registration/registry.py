@@ -24,6 +24,7 @@ NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 # Trigger and function names embed the worker name; 63 is PostgreSQL's identifier limit.
 MAX_NAME_LENGTH = 40
 SOURCE_KEY_LENGTH = 255  # Execution.source_id holds the key as text, up to this long
+FLOW_KEY_LENGTH = 255  # Execution.flow_key: a flow-control key as text, up to this long
 
 
 def _number(v: Any, *, minimum: float, strict: bool) -> bool:
@@ -48,6 +49,11 @@ OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
                  "a tuple of field names, e.g. ('file', 'language')"),
     "rerun_every": (lambda v: v is None or (isinstance(v, timedelta) and v.total_seconds() > 0),
                     "a positive datetime.timedelta, e.g. timedelta(days=1)"),
+    # Flow control (docs/flow-control.md), decided in the claim across every host.
+    "key": (lambda v: v is None or (isinstance(v, str) and bool(v)),
+            "a field name of the source model, e.g. 'customer'"),
+    "per_key": (_whole, "an int >= 1 (or None)"),
+    "total": (_whole, "an int >= 1 (or None)"),
 }
 
 
@@ -70,6 +76,9 @@ class Worker:
     max_tasks_per_child: int | None = None
     rerun_on: tuple[str, ...] = ()  # field names: a change makes a done row pending again
     rerun_every: timedelta | None = None  # a finished row runs again this long after
+    key: str | None = None  # field name: rows with the same value share per_key
+    per_key: int | None = None  # at most this many rows of one key WORKING, every host
+    total: int | None = None  # at most this many rows of the worker WORKING, every host
     options: dict[str, Any] = field(default_factory=dict)
     # Claims order by priority first (task queues); row workers claim in creation order.
     prioritized = False
@@ -116,6 +125,18 @@ class Worker:
             worker=lambda row, constant: constant(self.name),
             rerun_on=tuple(str(meta.get_field(f).column)  # type: ignore[union-attr]
                            for f in self.rerun_on))
+
+    @property
+    def key_column(self) -> str | None:
+        """The source column the flow-control key is read from (a foreign key's own)."""
+        if self.key is None:
+            return None
+        return str(self.source._meta.get_field(self.key).column)  # type: ignore[union-attr]
+
+    @property
+    def limited(self) -> bool:
+        """Whether claims must respect a limit shared by every host (per_key, total)."""
+        return self.per_key is not None or self.total is not None
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -272,6 +293,21 @@ def validate(
             )
     for field_name in options.get("rerun_on") or ():
         _check_rerun_field(name, source, field_name)
+    _check_flow(name, source, options)
+
+
+def _check_flow(name: str, source: type[models.Model], options: dict[str, Any]) -> None:
+    key, per_key = options.get("key"), options.get("per_key")
+    if per_key is not None and key is None:
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: per_key={per_key} needs key=, the field whose value the "
+            "limit counts by (e.g. key='customer').")
+    if key is not None and per_key is None:
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: key={key!r} is given without per_key=; give per_key=N "
+            "(at most N rows of one key run at once).")
+    if key is not None:
+        _check_column(name, source, key, "key")
 
 
 def _check_key(name: str, source: type[models.Model]) -> None:
@@ -292,6 +328,10 @@ def _check_key(name: str, source: type[models.Model]) -> None:
 
 
 def _check_rerun_field(name: str, source: type[models.Model], field_name: str) -> None:
+    _check_column(name, source, field_name, "rerun_on")
+
+
+def _check_column(name: str, source: type[models.Model], field_name: str, option: str) -> None:
     from django.core.exceptions import FieldDoesNotExist
 
     try:
@@ -299,13 +339,22 @@ def _check_rerun_field(name: str, source: type[models.Model], field_name: str) -
     except FieldDoesNotExist:
         fields = ", ".join(f.name for f in source._meta.concrete_fields)
         raise ImproperlyConfigured(
-            f"Worker {name!r}: rerun_on names {field_name!r}, which {source.__name__} does not "
+            f"Worker {name!r}: {option} names {field_name!r}, which {source.__name__} does not "
             f"have. Its fields: {fields}.") from None
     if not getattr(f, "concrete", False) or getattr(f, "column", None) is None or getattr(
             f, "primary_key", False):
         raise ImproperlyConfigured(
-            f"Worker {name!r}: rerun_on field {field_name!r} must be a concrete column of "
+            f"Worker {name!r}: {option} field {field_name!r} must be a concrete column of "
             f"{source.__name__} other than its primary key.")
+    if option == "key":
+        target: Any = getattr(f, "target_field", None) or f  # (a foreign key's column)
+        length = getattr(target, "max_length", None)
+        if target.get_internal_type() in ("TextField", "JSONField", "BinaryField") or (
+                length is not None and length > FLOW_KEY_LENGTH):
+            raise ImproperlyConfigured(
+                f"Worker {name!r}: key field {field_name!r} can hold values longer than the "
+                f"{FLOW_KEY_LENGTH} characters a key may have. Use a CharField with "
+                f"max_length <= {FLOW_KEY_LENGTH}, an integer, a UUID or a foreign key.")
 
 
 def worker(

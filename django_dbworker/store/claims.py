@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from ..processes.protocol import Claim
 from ..registration.registry import Worker
 from ..vendors import Vendor
+from ..vendors.claiming import ClaimWithinLimits
 from . import engine as engines
 from . import transitions
 from .tables import execution_table
@@ -124,8 +125,8 @@ class Claims:
         sql, params = values.query.get_compiler(using=self.alias).as_sql()
         return EligibleSql(sql, tuple(params), tuple(terms))
 
-    def _candidates(self, worker: Worker, limit: int,
-                    compiled: EligibleSql | None) -> tuple[sa.Select[Any], bool]:
+    def _candidates(self, worker: Worker, limit: int, compiled: EligibleSql | None,
+                    floored: bool = True) -> tuple[sa.Select[Any], bool]:
         e = self.execution
         # Served by the index on (claimable_worker, id) that holds claimable rows only
         # (rows waiting for a due time are not in it: see promote_due).
@@ -139,7 +140,7 @@ class Claims:
         hint = self.vendor.index_hint(index)
         if hint:
             stmt = stmt.with_hint(e, hint)
-        if not worker.prioritized and not terms:
+        if floored and not worker.prioritized and not terms:
             stmt = stmt.where(e.c.id >= sa.bindparam(FLOOR))
         if compiled is None:
             return stmt.order_by(*default_order).limit(limit), False
@@ -240,15 +241,44 @@ class Claims:
                 return built
         except Exception:  # noqa: BLE001 - a parameter that cannot be compared: build it
             pass
-        stmt, custom_order = self._candidates(worker, limit, eligible)
-        floored = not worker.prioritized and not custom_order
-        operation = self.vendor.claim_operation(ordered=custom_order)
-        plan = operation.plan(self.execution, stmt, transitions.locked(self.vendor, stmt),
-                              transitions.claimed_values(self.vendor, self.lease_seconds),
-                              worker.name, self.engine.dialect)
-        built = ClaimStatement(eligible, operation, plan, floored)
+        values = transitions.claimed_values(self.vendor, self.lease_seconds)
+        if worker.limited:
+            built = self._limited_claim(worker, limit, eligible, values)
+        else:
+            stmt, custom_order = self._candidates(worker, limit, eligible)
+            floored = not worker.prioritized and not custom_order
+            operation = self.vendor.claim_operation(ordered=custom_order)
+            plan = operation.plan(self.execution, stmt, transitions.locked(self.vendor, stmt),
+                                  values, worker.name, self.engine.dialect)
+            built = ClaimStatement(eligible, operation, plan, floored)
         self._claims[worker.name, limit] = built
         return built
+
+    def _limited_claim(self, worker: Worker, limit: int, eligible: EligibleSql | None,
+                       values: dict[str, Any]) -> ClaimStatement:
+        """A claim under per_key/total (vendors/claiming.py's ClaimWithinLimits): its
+        candidates are more rows than it may take, each with its key, since rows of keys
+        at their limit are passed over. (From the start of the backlog each time: a
+        floor would pass over the rows it skipped.)"""
+        operation = ClaimWithinLimits(self.vendor)
+        scan = max(limit * operation.SCAN_PER_ROW, operation.MIN_SCAN)
+        stmt, _ = self._candidates(worker, scan, eligible, floored=False)
+        plan = operation.plan(stmt.add_columns(self._key_of(worker)), values, worker.name,
+                              limit, worker.per_key, worker.total)
+        return ClaimStatement(eligible, operation, plan, False)
+
+    def _key_of(self, worker: Worker) -> sa.ColumnElement[Any]:
+        """The row's key (as text) read from its source row now: the key column of the
+        source row, probed by primary key (NULL for a worker with no key)."""
+        column = worker.key_column
+        if column is None:
+            return sa.null().label("dbw_key")
+        qn = self.vendor.qn
+        source = sa.table(worker.table, sa.column(worker.pk_column)).alias("dbw_keysrc")
+        value: sa.ColumnElement[Any] = sa.literal_column(self.vendor.text_key_sql(f"{qn('dbw_keysrc')}.{qn(column)}"))
+        return (sa.select(value).select_from(source)
+                .where(source.c[worker.pk_column] == self.source_key(worker))
+                .scalar_subquery().label("dbw_key"))
 
     def run_raw(self, compiled: Any, params: dict[str, Any]) -> list[Any]:
         """Run a compiled statement in autocommit on the DB-API, on the LISTEN connection

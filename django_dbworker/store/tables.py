@@ -1,6 +1,7 @@
-"""The Execution table as SQLAlchemy Core sees it: declared from the Django model, so
-that the child, the admin and the API build statements without reflecting the table
-(the coordinator's claims use the same columns)."""
+"""The Execution table (and FlowLock, which limited claims lock) as SQLAlchemy Core sees
+them: declared from the Django models, so that the child, the admin and the API build
+statements without reflecting the tables (the coordinator's claims use the same
+columns)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,22 @@ _TYPES: dict[str, type[sa.types.TypeEngine[Any]]] = {
 
 @cache
 def execution_table() -> sa.Table:
+    return _core_table("Execution")
+
+
+@cache
+def flow_lock_table() -> sa.Table:
+    return _core_table("FlowLock")
+
+
+def _core_table(model_name: str) -> sa.Table:
     # (Looked up, not imported: models.py imports the store for its QuerySet's resets.)
     from django.apps import apps
 
-    Execution = apps.get_model("django_dbworker", "Execution")
+    model = apps.get_model("django_dbworker", model_name)
     columns = []
-    for field in Execution._meta.concrete_fields:
+    for field in model._meta.concrete_fields:
         kind = field.get_internal_type()  # (a GeneratedField's is its output field's)
         columns.append(sa.Column(field.column, _TYPES.get(kind, sa.String)(),
                                  primary_key=field.primary_key))
-    return sa.Table(Execution._meta.db_table, sa.MetaData(), *columns)
+    return sa.Table(model._meta.db_table, sa.MetaData(), *columns)

@@ -341,6 +341,11 @@ class Vendor(TriggerDDL):
     def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
         raise NotImplementedError
 
+    def insert_missing(self, table: Any, rows: list[dict[str, Any]]) -> Any:
+        """An INSERT (SQLAlchemy Core) of ``rows`` into ``table`` that skips a row whose
+        unique key is there already, and fails on any other error."""
+        raise NotImplementedError
+
     def update_rows(self, cursor: Any, table: str, columns: Sequence[tuple[str, str]],
                     key: tuple[str, str], rows: Sequence[Sequence[Any]]) -> None:
         """Set ``columns`` of several rows, each row to values of its own. ``columns`` and

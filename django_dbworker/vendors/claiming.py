@@ -113,3 +113,139 @@ def _compiled_once(update: Any, dialect: Any) -> Any:
     conversions are a private attribute: tests/test_private_apis.py.)"""
     compiled = update.compile(dialect=dialect)
     return None if compiled._bind_processors else compiled
+
+
+@dataclass(frozen=True)
+class LimitPlan:
+    """A limited worker's claim (per_key, total) for one claim size, built once."""
+
+    candidates: sa.Select[Any]  # claimable rows in claim order, each with its key (dbw_key)
+    values: dict[str, Any]  # what a claim writes (transitions.claimed_values)
+    worker: str
+    limit: int
+    per_key: int | None
+    total: int | None
+
+
+class ClaimWithinLimits:
+    """A claim that keeps limits shared by every host: at most ``per_key`` rows of one
+    key WORKING, at most ``total`` of the worker. One transaction, on every database:
+
+    1. read the candidates, each with its key read from its source row now;
+    2. lock the worker's FlowLock row ("": the total; waited for, claims hold it for
+       milliseconds) and the rows of the candidates' keys (skipping a key another
+       claim holds: its rows wait for the next claim, nobody waits for them);
+    3. count the WORKING rows of the worker and of each key locked: under the lock, the
+       count includes every claim made before (read committed: each statement sees what
+       was committed before it);
+    4. take candidates in claim order while their key and the worker have room, lock
+       them (skipping rows others hold) and claim them, writing each one's key.
+
+    No count is kept: a row that stops WORKING, however it stops (its outcome, a
+    release, recovery after its lease), frees its place. SQLite has one writer at a
+    time (BEGIN IMMEDIATE): no row locks, the guard in the UPDATE suffices."""
+
+    # How many candidates a claim reads for each row it may take: the rows of keys at
+    # their limit are skipped, and the rows behind them run.
+    SCAN_PER_ROW, MIN_SCAN = 8, 200
+
+    def __init__(self, vendor: Any) -> None:
+        self.vendor = vendor
+
+    def plan(self, candidates: sa.Select[Any], values: dict[str, Any], worker: str,
+             limit: int, per_key: int | None, total: int | None) -> LimitPlan:
+        return LimitPlan(candidates, values, worker, limit, per_key, total)
+
+    def run(self, db: ClaimDatabase, plan: LimitPlan, params: dict[str, Any]) -> list[ClaimedRow]:
+        from ..store.tables import execution_table
+
+        e = execution_table()
+        with self.transaction(db) as conn:
+            rows = conn.execute(plan.candidates, params).all()
+            if not rows:
+                return []
+            room = self._total_room(conn, plan)
+            keys = {r.dbw_key for r in rows if r.dbw_key is not None} if plan.per_key else set()
+            rooms = self._key_rooms(conn, plan, keys) if keys and room > 0 else {}
+            picked: list[Any] = []
+            for r in rows:
+                if len(picked) >= plan.limit or room <= 0:
+                    break
+                if plan.per_key is not None and r.dbw_key is not None:
+                    if rooms.get(r.dbw_key, 0) <= 0:
+                        continue  # over its key's limit, or its key is another claim's now
+                    rooms[r.dbw_key] -= 1
+                picked.append(r)
+                room -= 1
+            if not picked:
+                return []
+            ids = self._lock_rows(conn, e, plan.worker, [r.id for r in picked])
+            picked = [r for r in picked if r.id in ids]
+            if not picked:
+                return []
+            key_of = {r.id: r.dbw_key for r in picked}
+            flow_key = (sa.case(key_of, value=e.c.id) if len(set(key_of.values())) > 1
+                        else sa.literal(picked[0].dbw_key, sa.String()))
+            claimed = conn.execute(
+                sa.update(e).where(e.c.id.in_(list(key_of)), e.c.claimable_worker == plan.worker)
+                .values(**plan.values, flow_key=flow_key), params).rowcount
+            if claimed != len(picked):  # (the lock, or BEGIN IMMEDIATE, rules this out)
+                raise RuntimeError(f"claim of {len(picked)} rows changed {claimed}")
+        return [(r[0], r[1], r[2], r[3] + 1, r[4], r[5]) for r in picked]
+
+    def transaction(self, db: ClaimDatabase) -> AbstractContextManager[Connection]:
+        return db.writing() if self.vendor.autocommit_engine else db.engine.begin()
+
+    def _locks(self, conn: Connection, worker: str, keys: list[str], *, wait: bool) -> set[str]:
+        """Lock the FlowLock rows of these keys (made first where missing), in key order;
+        ``wait``: wait for a row another claim holds, else skip it. Returns the keys locked."""
+        from ..store.tables import flow_lock_table
+
+        lock = flow_lock_table()
+        mine = sa.and_(lock.c.worker == worker, lock.c.key.in_(keys))
+        present = {k for (k,) in conn.execute(sa.select(lock.c.key).where(mine))}
+        missing = sorted(set(keys) - present)
+        if missing:
+            conn.execute(self.vendor.insert_missing(
+                lock, [{"worker": worker, "key": k} for k in missing]))
+        select = sa.select(lock.c.key).where(mine).order_by(lock.c.key)
+        if self.vendor.row_locks:
+            select = select.with_for_update(skip_locked=not wait)
+        return {k for (k,) in conn.execute(select)}
+
+    def _total_room(self, conn: Connection, plan: LimitPlan) -> float:
+        if plan.total is None:
+            return float("inf")
+        from ..store.tables import execution_table
+
+        e = execution_table()
+        self._locks(conn, plan.worker, [""], wait=True)
+        running = conn.execute(sa.select(sa.func.count()).select_from(e).where(
+            e.c.worker == plan.worker, e.c.status == "working")).scalar_one()
+        return plan.total - running
+
+    def _key_rooms(self, conn: Connection, plan: LimitPlan, keys: set[str]) -> dict[str, int]:
+        from ..store.tables import execution_table
+
+        assert plan.per_key is not None
+        e = execution_table()
+        locked = self._locks(conn, plan.worker, sorted(keys), wait=False)
+        if not locked:
+            return {}
+        running: dict[str, int] = dict(conn.execute(
+            sa.select(e.c.flow_key, sa.func.count()).where(
+                e.c.worker == plan.worker, e.c.flow_key.in_(sorted(locked)),
+                e.c.status == "working").group_by(e.c.flow_key)).all())
+        return {k: plan.per_key - running.get(k, 0) for k in locked}
+
+    def _lock_rows(self, conn: Connection, e: sa.Table, worker: str, ids: list[int]) -> set[int]:
+        """The rows among ``ids`` still claimable, locked (skipping rows others hold)."""
+        if not self.vendor.row_locks:
+            return set(ids)  # one writer at a time: the UPDATE's guard is enough
+        from ..processes import failpoints
+
+        found = {i for (i,) in conn.execute(
+            sa.select(e.c.id).where(e.c.id.in_(ids), e.c.claimable_worker == worker)
+            .order_by(e.c.id).with_for_update(skip_locked=True))}
+        failpoints.reached("coordinator.claim_locked")
+        return found

@@ -182,6 +182,14 @@ class MySQL(Vendor):
             _COLLATIONS[key] = (row[0], row[1])
         return _COLLATIONS[key]
 
+    def insert_missing(self, table: Any, rows: list[dict[str, Any]]) -> Any:
+        from sqlalchemy.dialects.mysql import insert
+
+        # (As insert_ignore: a no-op update on a duplicate, never IGNORE.)
+        statement = insert(table).values(rows)
+        first = next(iter(rows[0]))
+        return statement.on_duplicate_key_update({first: statement.inserted[first]})
+
     def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
         # ON DUPLICATE KEY rather than INSERT IGNORE: IGNORE would also hide real errors.
         return (f"INSERT INTO {self.qn(table)} ({columns}) {select_sql} "

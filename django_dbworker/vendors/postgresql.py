@@ -173,6 +173,11 @@ class PostgreSQL(Vendor):
     def text_key_sql(self, column_sql: str) -> str:
         return f"CAST({column_sql} AS text)"
 
+    def insert_missing(self, table: Any, rows: list[dict[str, Any]]) -> Any:
+        from sqlalchemy.dialects.postgresql import insert
+
+        return insert(table).values(rows).on_conflict_do_nothing()
+
     def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
         return (f"INSERT INTO {self.qn(table)} ({columns}) {select_sql} "
                 "ON CONFLICT (worker, source_id) DO NOTHING")

@@ -131,6 +131,11 @@ class SQLite(Vendor):
     def text_key_sql(self, column_sql: str) -> str:
         return f"CAST({column_sql} AS TEXT)"
 
+    def insert_missing(self, table: Any, rows: list[dict[str, Any]]) -> Any:
+        from sqlalchemy.dialects.sqlite import insert
+
+        return insert(table).values(rows).on_conflict_do_nothing()
+
     def insert_ignore(self, table: str, columns: str, select_sql: str) -> str:
         return f"INSERT OR IGNORE INTO {self.qn(table)} ({columns}) {select_sql}"
 

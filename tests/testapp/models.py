@@ -50,6 +50,15 @@ class StressJob(models.Model):
     delay = models.FloatField(default=0.0)
 
 
+class KeyedJob(models.Model):
+    """Rows for tests/test_flow_control.py: the `keyed*` and `capped` handlers sleep
+    `delay` seconds inside their transaction, then record their business effect. Rows
+    with the same `customer` share a per-key limit."""
+
+    customer = models.IntegerField(null=True)
+    delay = models.FloatField(default=0.0)
+
+
 class Stepper(models.Model):
     """Rows for the drain tests: the `multi` handler adds one to `counter` per run and
     returns Unfinished() until it reaches `steps`."""

@@ -12,7 +12,19 @@ from django.db import transaction
 from django_dbworker import ExecutionStatus, Finished, Unfinished, has_execution_status, worker
 from django_dbworker.models import Execution
 
-from .models import Article, Author, Document, Effect, FaultJob, Link, Stepper, StressJob, Tag, UuidItem
+from .models import (
+    Article,
+    Author,
+    Document,
+    Effect,
+    FaultJob,
+    KeyedJob,
+    Link,
+    Stepper,
+    StressJob,
+    Tag,
+    UuidItem,
+)
 
 
 def effect(name: str, key) -> None:
@@ -193,6 +205,29 @@ def stress(job: StressJob):
     if job.delay:
         time.sleep(job.delay)
     return Finished()
+
+
+# -- tests/test_flow_control.py: limits shared by every coordinator ------------------------
+def keyed_run(name: str, job: KeyedJob):
+    effect(name, job.pk)  # the business effect, in the run's transaction
+    if job.delay:
+        time.sleep(job.delay)
+    return Finished()
+
+
+@worker(name="keyed", source=KeyedJob, concurrency=2, key="customer", per_key=1)
+def keyed(job: KeyedJob):
+    return keyed_run("keyed", job)
+
+
+@worker(name="keyed_three", source=KeyedJob, concurrency=2, key="customer", per_key=3)
+def keyed_three(job: KeyedJob):
+    return keyed_run("keyed_three", job)
+
+
+@worker(name="capped", source=KeyedJob, concurrency=2, total=3)
+def capped(job: KeyedJob):
+    return keyed_run("capped", job)
 
 
 @worker(name="multi", source=Stepper, concurrency=1,
