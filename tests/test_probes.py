@@ -219,6 +219,9 @@ def test_a_client_hanging_up_mid_response_costs_one_line_and_no_traceback(server
     assert "Traceback" not in capfd.readouterr().err
 
 
+# Solo: beside another lane it read the backlog twice in 2 of 3 CI runs (on MariaDB, then
+# PostgreSQL), even with an age no scrape could outlast; alone it has not. (Why is open.)
+@pytest.mark.solo
 def test_scrapes_read_the_backlog_at_most_every_few_seconds_on_the_servers_thread(server):
     reads: list[str] = []
     gate = threading.Event()
