@@ -100,11 +100,9 @@ def _limits(w: Worker, database: str, pk: Any, execution: Execution) -> list[Fin
             findings.append(Finding("per-key limit", False,
                                     f"Its {w.key} is empty: no per-key limit applies."))
         else:
-            # (As the claim writes it: the database's text of the value, which for a UUID
-            # on MySQL is its 32 hex digits.)
-            field: Any = w.source._meta.get_field(w.key)
-            field = getattr(field, "target_field", None) or field
-            text = str(field.get_db_prep_value(value, connections[database], prepared=False))
+            # The key's text as the claim writes it: the database's own (vendor.text_key_sql),
+            # not Python's (True, Decimal and dates read differently there).
+            text = _key_text(w, database, pk)
             n = running.filter(flow_key=text).count()
             findings.append(Finding("per-key limit", claimable and n >= w.per_key,
                                     f"{w.key} {value}: {n} of {w.per_key} running."))
@@ -113,6 +111,18 @@ def _limits(w: Worker, database: str, pk: Any, execution: Execution) -> list[Fin
         findings.append(Finding("total limit", claimable and n >= w.total,
                                 f"Worker {w.name}: {n} of {w.total} running."))
     return findings
+
+
+def _key_text(w: Worker, database: str, pk: Any) -> str | None:
+    from django.db.models.expressions import RawSQL
+
+    from ..vendors import for_connection
+
+    vendor = for_connection(connections[database])
+    column = f"{vendor.qn(w.table)}.{vendor.qn(w.key_column or '')}"
+    return (w.source._default_manager.using(database).filter(pk=pk)
+            .annotate(dbw_key=RawSQL(vendor.text_key_sql(column), []))
+            .values_list("dbw_key", flat=True).first())
 
 
 def _status(e: Execution, now: Any) -> Finding:
