@@ -110,14 +110,18 @@ def kill_started() -> None:
         proc.wait(timeout=30)
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: float = 0.05):
+def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: float = 0.05,
+             state: Callable[[], object] | None = None):
+    """``predicate``'s first true value; past ``timeout`` an AssertionError, which shows
+    ``state()`` (what was there instead) when given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+    seen = f": {state()!r}" if state is not None else ""
+    raise AssertionError(f"condition not met within {timeout}s{seen}")
 
 
 def running_marker(worker: str, key) -> Path:

@@ -208,7 +208,8 @@ def test_three_hosts_under_child_kills_and_a_partition_lose_nothing_and_run_noth
                 host="host-a", heartbeat_at__gt=healed_at).exists(), timeout=60, interval=0.1)
             rejoined = time.monotonic() - healed  # the cut host's coordinator writes again
             wait_for(lambda: finished() == STRESS_ROWS or any(p.poll() is not None for p in procs),
-                     timeout=300, interval=0.2)
+                     timeout=300, interval=0.2, state=lambda: Counter(
+                         rows.values_list("status", flat=True)))
         finally:
             killer.stop()
         elapsed = time.monotonic() - started

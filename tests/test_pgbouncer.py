@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from urllib.parse import urlsplit
 
 import pytest
@@ -191,7 +192,8 @@ def test_two_coordinators_through_pgbouncer_with_processes_killed_run_every_row_
         os.killpg(procs[0].pid, signal.SIGKILL)  # the coordinator and its children
         procs[0].wait(timeout=30)  # reaped: its pid is gone (a zombie would seem alive)
         wait_for(lambda: rows.filter(status="finished").count() == count
-                 or procs[1].poll() is not None, timeout=180, interval=0.2)
+                 or procs[1].poll() is not None, timeout=180, interval=0.2,
+                 state=lambda: Counter(rows.values_list("status", flat=True)))
     finally:
         killer.stop()
     procs[1].terminate()

@@ -45,7 +45,7 @@ def test_random_child_kills_under_several_coordinators_lose_nothing_and_run_noth
     killer.start()
     try:
         wait_for(lambda: statuses()["finished"] == ROWS or not group.alive(),
-                 timeout=240, interval=0.5)
+                 timeout=240, interval=0.5, state=statuses)
     finally:
         killer.stop()
     elapsed = time.monotonic() - started
