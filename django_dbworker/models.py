@@ -292,6 +292,29 @@ class Task(models.Model):
         return f"tasks.{self.backend}.{self.queue_name}"
 
 
+class TaskUniqueKey(models.Model):
+    """The one row per unique key of a ``@unique`` task (docs/tasks.md): which task holds
+    the key now. An enqueue of the key locks this row, so concurrent enqueues take turns
+    on it, and each decides from the held task's state whether to add a task or return
+    the held one. Enqueues create these rows; ``dbworker_cleanup`` deletes those whose
+    task is gone."""
+
+    backend = models.CharField(max_length=32)  # the TASKS alias
+    task_path = models.CharField(max_length=255)
+    key = models.CharField(max_length=255)
+    # The task that holds the key (no foreign key: a task's deletion leaves the row, which
+    # then holds nothing).
+    task_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["backend", "task_path", "key"],
+                                               name="dbworker_task_unique_key")]
+        verbose_name = "task unique key"
+
+    def __str__(self) -> str:
+        return f"{self.task_path}[{self.key}]"
+
+
 class ScheduleSlot(models.Model):
     """One slot of one schedule, enqueued (or, for a schedule's first sight, the point its
     history starts). Unique on (schedule, slot): whoever inserts it first enqueues it, in

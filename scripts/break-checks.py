@@ -283,6 +283,24 @@ BREAKS = [
           'self._locks(conn, plan.worker, [""], wait=True)', "None",
           ("tests/test_flow_control.py::test_a_claim_of_a_capped_worker_waits_for_the_claim_before_it",),
           ("postgres", "mysql")),
+    Break("unique-lock", "unique enqueues of one key do not take turns on its TaskUniqueKey row",
+          "django_dbworker/tasks/uniqueness.py",
+          "holder = TaskUniqueKey.objects.using(database).select_for_update().get(**names)",
+          "holder = TaskUniqueKey.objects.using(database).get(**names)",
+          ("tests/test_unique_tasks.py::test_fifty_concurrent_enqueues_of_one_key_make_exactly_one_task",),
+          ("postgres",)),  # (MariaDB's upsert of a present row locks it already; SQLite: one writer)
+    Break("unique-status", "a held task counts whatever its state",
+          "django_dbworker/tasks/uniqueness.py",
+          "if held is not None and execution is not None and execution.status in AMONG[rule.among]:",
+          "if held is not None and execution is not None:",
+          ("tests/test_unique_tasks.py::test_an_enqueue_of_a_pending_key_returns_the_pending_task",
+           "tests/test_unique_tasks.py::test_pending_counts_until_the_task_starts_and_pending_or_running_until_it_ends")),
+    Break("debounce-guard", "a debounce changes the held task whatever its state",
+          "django_dbworker/store/transitions.py",
+          "sa.and_(e.c.id == execution_id, e.c.status.in_(list(statuses)))",
+          "e.c.id == execution_id",
+          ("tests/test_unique_tasks.py::test_a_debounce_that_meets_a_claim_adds_a_task_rather_than_change_the_running_one",),
+          ("postgres", "mysql")),
 ]
 
 

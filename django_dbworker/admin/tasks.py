@@ -91,8 +91,8 @@ class TaskAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     actions = ["retry_failed", "run_again", "delete_selected"]
     fields = ("id", "task_path", "backend", "queue_name", "status_badge", "priority",
-              "run_after", "arguments", "result", "error_list", "worker_ids", "enqueued_at",
-              "started_at", "last_attempted_at", "finished_at")
+              "run_after", "unique_key", "arguments", "result", "error_list", "worker_ids",
+              "enqueued_at", "started_at", "last_attempted_at", "finished_at")
     readonly_fields = fields
 
     class Media:
@@ -125,6 +125,15 @@ class TaskAdmin(admin.ModelAdmin):
     @admin.display(description="attempts")
     def attempts(self, obj: Task) -> int:
         return getattr(obj, "execution_attempts", None) or 0
+
+    @admin.display(description="unique key")
+    def unique_key(self, obj: Task) -> str:
+        """The @unique key this task holds (empty: none, or it passed to a later task)."""
+        from ..models import TaskUniqueKey
+
+        key = (TaskUniqueKey.objects.using(conf.value("DATABASE")).filter(task_id=obj.pk)
+               .values_list("key", flat=True).first())
+        return key or ""
 
     @admin.display(description="arguments")
     def arguments(self, obj: Task) -> SafeString:

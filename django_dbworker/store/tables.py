@@ -28,6 +28,10 @@ def flow_lock_table() -> sa.Table:
     return _core_table("FlowLock")
 
 
+def task_unique_key_table() -> sa.Table:
+    return _core_table("TaskUniqueKey")
+
+
 def _core_table(model_name: str) -> sa.Table:
     # (Looked up, not imported: models.py imports the store for its QuerySet's resets.)
     from django.apps import apps

@@ -359,6 +359,19 @@ def promote(session: Session, worker: str, limit: int = 1000) -> int:
         ("updated_at", now(vendor))])).rowcount
 
 
+def postpone(session: Session, execution_id: int, until: Any,
+             statuses: Sequence[str]) -> int:
+    """The row, while it has one of ``statuses`` (none of them WORKING: a claimed row is
+    not moved), waits until ``until``: a debounced task's new run_after (the enqueuing
+    process's time, as django.tasks defines run_after and as the insert trigger copies
+    it; bound as the database's DateTimeField takes it). Returns 1, or 0 when the row had
+    moved on."""
+    e = execution_table()
+    assert WORKING not in statuses, "a claimed row is never postponed"
+    return session.run(_update(sa.and_(e.c.id == execution_id, e.c.status.in_(list(statuses))), [
+        ("next_attempt_at", until), ("updated_at", now(session.vendor))])).rowcount
+
+
 def reschedule_finished(session: Session, worker: str, rerun_every: float | None) -> int:
     """Finished rows of ``worker`` wait to go stale exactly when it has ``rerun_every``
     (seconds after they finished): run by ``migrate`` when a worker gains or loses it."""

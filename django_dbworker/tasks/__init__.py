@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DatabaseBackend"]
+from .uniqueness import unique
+
+__all__ = ["DatabaseBackend", "unique"]
 
 
 def __getattr__(name: str) -> Any:

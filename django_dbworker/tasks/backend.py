@@ -17,7 +17,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
-from . import values
+from . import uniqueness, values
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -59,11 +59,20 @@ class DatabaseBackend(BaseTaskBackend):
         except ValueError as exc:
             raise ImproperlyConfigured(f"TASKS[{self.alias!r}]['OPTIONS']: {exc}") from None
         # Anything a child could not read back is refused here, not in a child later.
-        args, kwargs = values.arguments(task.module_path, args, kwargs, limit)
-        row = TaskRow.objects.using(_database()).create(
-            id=uuid.uuid4(), backend=self.alias, queue_name=task.queue_name,
-            task_path=task.module_path, priority=task.priority, run_after=task.run_after,
-            args=args, kwargs=kwargs)
+        stored_args, stored_kwargs = values.arguments(task.module_path, args, kwargs, limit)
+        fields = {"backend": self.alias, "queue_name": task.queue_name,
+                  "task_path": task.module_path, "priority": task.priority,
+                  "run_after": task.run_after, "args": stored_args, "kwargs": stored_kwargs}
+        rule = uniqueness.rule_for(task.module_path)
+        key = (rule.key_of(task.module_path, stored_args, stored_kwargs, (args, kwargs))
+               if rule is not None else None)
+        if rule is None or key is None:
+            row = TaskRow.objects.using(_database()).create(id=uuid.uuid4(), **fields)
+        else:
+            done = uniqueness.enqueue(_database(), rule, key, fields)
+            if not done.added:  # the task holding the key: nothing was enqueued
+                return self.get_result(str(done.row.pk))
+            row = done.row
         result = to_result(row, None, task)
         task_enqueued.send(type(self), task_result=result)
         return result

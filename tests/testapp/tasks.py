@@ -6,6 +6,8 @@ import time
 
 from django.db import transaction
 
+from django_dbworker.tasks import unique
+
 from .models import Effect
 
 try:
@@ -139,3 +141,33 @@ def returns_nan():
 @task()
 def ignore(*args, **kwargs):
     """Takes anything and does nothing with it (tests of what enqueue() accepts)."""
+
+
+# -- tests/test_unique_tasks.py ------------------------------------------------------------
+@unique()  # the arguments are the key
+@task()
+def refresh(key):
+    effect("task.refresh", key)
+    return key
+
+
+@unique(key=lambda customer, **_: customer)  # one pending task per customer
+@task()
+def recount(customer, note=""):
+    effect("task.recount", f"{customer}:{note}")
+    return note
+
+
+@unique(key=lambda customer, **_: customer, among="pending_or_running")  # None: not unique
+@task()
+def sync_customer(customer, sleep=0.0):
+    if sleep:
+        time.sleep(sleep)
+    effect("task.sync_customer", customer)
+
+
+@unique(key=lambda key, *_, **__: key, debounce=0.4)  # the last arguments run, once
+@task()
+def reindex(key, version):
+    effect("task.reindex", f"{key}:{version}")
+    return version

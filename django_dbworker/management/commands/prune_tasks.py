@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
 from django_dbworker import conf
 from django_dbworker.status import ExecutionStatus
@@ -27,7 +28,7 @@ class Command(BaseCommand):
                             help="Say how many would be deleted, delete nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django_dbworker.models import Execution, Task
+        from django_dbworker.models import Execution, Task, TaskUniqueKey
 
         if options["older_than"] < 0:
             raise CommandError("--older-than must be a number of days >= 0, e.g. 30")
@@ -44,9 +45,17 @@ class Command(BaseCommand):
         ids = list(ended.values_list("source_id", flat=True))
         total = 0
         # Keys are read, then deleted in batches: the delete trigger removes each task's
-        # execution with it (nothing is left dangling).
+        # execution with it, and the unique keys the tasks held go too (nothing is left
+        # dangling). A key an enqueue has just moved to a new task is not the pruned
+        # task's any more, and stays.
         for i in range(0, len(ids), 500):
             batch = tasks.filter(pk__in=ids[i:i + 500])
-            total += batch.count() if options["dry_run"] else batch.delete()[0]
+            if options["dry_run"]:
+                total += batch.count()
+                continue
+            with transaction.atomic(using=database):
+                pks = list(batch.values_list("pk", flat=True))
+                total += batch.delete()[0]
+                TaskUniqueKey.objects.using(database).filter(task_id__in=pks).delete()
         verb = "Would delete" if options["dry_run"] else "Deleted"
         self.stdout.write(f"{verb} {total} task(s) that ended before {cutoff:%Y-%m-%d %H:%M} UTC.")
