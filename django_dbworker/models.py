@@ -204,6 +204,21 @@ class FlowLock(models.Model):
         verbose_name = "flow lock"
 
 
+class RateLog(models.Model):
+    """Claims of a rate-limited worker (``rate=``), one row per claim with how many rows it
+    took, at the database's time. A claim counts the rows of the last period under the
+    worker's FlowLock row and deletes older ones, so the table holds one period's claims."""
+
+    worker = models.CharField(max_length=100)
+    at = models.DateTimeField()
+    claimed = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["worker", "at"], name="dbworker_ratelog_at")]
+        verbose_name = "rate log entry"
+        verbose_name_plural = "rate log"
+
+
 class CoordinatorHeartbeat(models.Model):
     """A live (or lately live) coordinator process, refreshed while it runs."""
 

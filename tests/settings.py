@@ -102,7 +102,7 @@ TASKS = {
                 "emails": {"CONCURRENCY": 1, "TIMEOUT": 3},
                 "retries": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 3, "RETRY_BACKOFF": 0.01},
                 "crashes": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 2, "RETRY_BACKOFF": 1},
-                "capped": {"CONCURRENCY": 2, "TOTAL": 1},  # tests/test_flow_control.py
+                "capped": {"CONCURRENCY": 2, "TOTAL": 1, "RATE": "600/m"},  # test_flow_control, test_rate_limits
             },
         },
     },

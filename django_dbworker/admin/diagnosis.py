@@ -79,6 +79,8 @@ def diagnose(worker: str, source: Any) -> list[Finding]:
                                 f"{': ' + pause.reason if pause.reason else ''}."))
     findings.extend(_eligibility(w, database, pk))
     findings.extend(_limits(w, database, pk, execution))
+    if w.rate is not None:
+        findings.append(_rate(w, database, now, execution))
     findings.append(_coordinators(w, database, now))
     return findings
 
@@ -111,6 +113,27 @@ def _limits(w: Worker, database: str, pk: Any, execution: Execution) -> list[Fin
         findings.append(Finding("total limit", claimable and n >= w.total,
                                 f"Worker {w.name}: {n} of {w.total} running."))
     return findings
+
+
+def _rate(w: Worker, database: str, now: Any, execution: Execution) -> Finding:
+    """The worker's rate as the next claim would count it: the rows claimed in the last
+    period (the rate log), and when the oldest of them leaves the window."""
+    from datetime import timedelta
+
+    from ..models import RateLog
+
+    rate = w.rate_limit
+    assert rate is not None
+    window = RateLog.objects.using(database).filter(
+        worker=w.name, at__gt=now - timedelta(seconds=rate.seconds))
+    used = sum(window.values_list("claimed", flat=True))
+    detail = f"rate {rate}: {used} claimed in the last {rate.seconds:g} s"
+    held = execution.status in ("pending", "unfinished") and used >= rate.limit
+    if held:
+        oldest = min(window.values_list("at", flat=True))
+        wait = (oldest + timedelta(seconds=rate.seconds) - now).total_seconds()
+        detail += f"; the next row may be claimed in {max(wait, 0.0):.1f} s"
+    return Finding("rate", held, detail + ".")
 
 
 def _key_text(w: Worker, database: str, pk: Any) -> str | None:

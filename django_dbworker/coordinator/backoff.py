@@ -31,3 +31,8 @@ class Backoff:
     def wake(self) -> None:
         """Something changed (a row was inserted, a handler finished): claim again now."""
         self.delay, self.next_at, self.exhausted = self.first, 0.0, False
+
+    def wait_until(self, at: float) -> None:
+        """Rows are there, but may not be claimed before ``at`` (a rate's next token): no
+        claim until then, and not idle (drain waits for them)."""
+        self.delay, self.next_at, self.exhausted = self.first, at, False

@@ -339,12 +339,17 @@ class Coordinator:
                 if claims is None:
                     return  # the database failed: the outage (or wait) is under way
                 self.due.claimed(pool.worker, bool(claims))
+                rate_wait = self.bridge.rate_wait(pool.worker)
                 if claims:
                     failpoints.reached("coordinator.after_claim")
                     self.events.count(pool.worker.name, "claimed", len(claims))
                     for claim in pool.distribute(claims, now):  # a child died as we sent
                         self.events.give_back(claim, pool.worker.name)
                     backoff.found_work()
+                    if rate_wait is not None:  # its rate is used up: next at its token
+                        backoff.wait_until(now + rate_wait)
+                elif rate_wait is not None:
+                    backoff.wait_until(now + rate_wait)
                 elif self.due.promote(pool.worker, now):
                     backoff.wake()  # rows were waiting for their due time: claim them
                 else:

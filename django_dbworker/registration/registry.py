@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
 from ..store.retry import MAX_CRASHES, RetryPolicy
+from .rates import Rate, is_rate, parse_rate
 
 # Each unit of concurrency is a spawned interpreter with its own database connection
 # (tens of megabytes): past this, run more coordinators instead.
@@ -54,6 +55,8 @@ OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
             "a field name of the source model, e.g. 'customer'"),
     "per_key": (_whole, "an int >= 1 (or None)"),
     "total": (_whole, "an int >= 1 (or None)"),
+    "rate": (lambda v: v is None or is_rate(v),
+             "a rate such as '100/m' (N per s, m or h, or per k seconds: '10/30s')"),
 }
 
 
@@ -79,6 +82,7 @@ class Worker:
     key: str | None = None  # field name: rows with the same value share per_key
     per_key: int | None = None  # at most this many rows of one key WORKING, every host
     total: int | None = None  # at most this many rows of the worker WORKING, every host
+    rate: str | None = None  # at most this many claims in any window of the period ("100/m")
     options: dict[str, Any] = field(default_factory=dict)
     # Claims order by priority first (task queues); row workers claim in creation order.
     prioritized = False
@@ -134,9 +138,14 @@ class Worker:
         return str(self.source._meta.get_field(self.key).column)  # type: ignore[union-attr]
 
     @property
+    def rate_limit(self) -> Rate | None:
+        return None if self.rate is None else parse_rate(self.rate)
+
+    @property
     def limited(self) -> bool:
-        """Whether claims must respect a limit shared by every host (per_key, total)."""
-        return self.per_key is not None or self.total is not None
+        """Whether claims must respect a limit shared by every host (per_key, total,
+        rate)."""
+        return self.per_key is not None or self.total is not None or self.rate is not None
 
     @property
     def retry_policy(self) -> RetryPolicy:

@@ -83,6 +83,11 @@ class Bridge:
         """Claim up to ``limit`` rows for ``worker``; no two processes get the same row."""
         return self.claims.claim(worker, limit, claimer)
 
+    def rate_wait(self, worker: Worker) -> float | None:
+        """Seconds until ``worker`` may claim again, when its last claim used up its rate
+        with rows left (None: no rate holds it back)."""
+        return self.claims.rate_waits.get(worker.name)
+
     def eligible_sql(self, worker: Worker) -> EligibleSql | None:
         return self.claims.eligible_sql(worker)
 

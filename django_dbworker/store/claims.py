@@ -103,6 +103,9 @@ class Claims:
         # The LISTEN connection on this very alias, when there is one: claims run on it
         # (see run_raw).
         self.listener: Any = None
+        # Rate-limited workers that used up their rate: seconds until the next row may
+        # be claimed, as the last claim saw it (ClaimWithinLimits sets, rate_wait reads).
+        self.rate_waits: dict[str, float] = {}
 
     def writing(self) -> Any:
         return engines.writing(self.engine, self.vendor)
@@ -192,6 +195,7 @@ class Claims:
         """Claim up to ``limit`` rows for ``worker``; no two processes get the same row."""
         if limit <= 0:
             return []
+        self.rate_waits.pop(worker.name, None)
         token = engines.new_token()
         built = self._claim_statement(worker, limit)
         params = {TOKEN: token, CLAIMER: claimer}
@@ -264,7 +268,7 @@ class Claims:
         scan = max(limit * operation.SCAN_PER_ROW, operation.MIN_SCAN)
         stmt, _ = self._candidates(worker, scan, eligible, floored=False)
         plan = operation.plan(stmt.add_columns(self._key_of(worker)), values, worker.name,
-                              limit, worker.per_key, worker.total)
+                              limit, worker.per_key, worker.total, worker.rate_limit)
         return ClaimStatement(eligible, operation, plan, False)
 
     def _key_of(self, worker: Worker) -> sa.ColumnElement[Any]:

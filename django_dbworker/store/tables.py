@@ -28,6 +28,12 @@ def flow_lock_table() -> sa.Table:
     return _core_table("FlowLock")
 
 
+@cache
+def rate_log_table() -> sa.Table:
+    return _core_table("RateLog")
+
+
+@cache
 def task_unique_key_table() -> sa.Table:
     return _core_table("TaskUniqueKey")
 

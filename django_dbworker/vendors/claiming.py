@@ -13,6 +13,8 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from ..registration.rates import Rate
+
 IDS = "dbw_ids"  # the ids a locking read found (the operations that UPDATE after it)
 ClaimedRow = tuple[int, str, str, int, Any, int]
 
@@ -21,6 +23,9 @@ class ClaimDatabase(Protocol):
     """What an operation needs of the coordinator's connections (store.claims.Claims)."""
 
     engine: Engine
+    # Per worker, seconds (database clock) until a rate-limited worker that used up its
+    # rate may claim again: set by ClaimWithinLimits, read by the coordinator.
+    rate_waits: dict[str, float]
 
     def writing(self) -> AbstractContextManager[Connection]: ...
     def run_raw(self, compiled: Any, params: dict[str, Any]) -> list[Any]: ...
@@ -125,25 +130,33 @@ class LimitPlan:
     limit: int
     per_key: int | None
     total: int | None
+    rate: Rate | None = None
 
 
 class ClaimWithinLimits:
     """A claim that keeps limits shared by every host: at most ``per_key`` rows of one
-    key WORKING, at most ``total`` of the worker. One transaction, on every database:
+    key WORKING, at most ``total`` of the worker, at most ``rate`` claimed rows in any
+    window of its period. One transaction, on every database:
 
     1. read the candidates, each with its key read from its source row now;
-    2. lock the worker's FlowLock row ("": the total; waited for, claims hold it for
-       milliseconds) and the rows of the candidates' keys (skipping a key another
-       claim holds: its rows wait for the next claim, nobody waits for them);
-    3. count the WORKING rows of the worker and of each key locked: under the lock, the
-       count includes every claim made before (read committed: each statement sees what
-       was committed before it);
+    2. lock the worker's FlowLock row ("": the total and the rate; waited for, claims
+       hold it for milliseconds) and the rows of the candidates' keys (skipping a key
+       another claim holds: its rows wait for the next claim, nobody waits for them);
+    3. count the WORKING rows of the worker and of each key locked, and the rows the
+       worker's RateLog says were claimed in the last period: under the lock, the counts
+       include every claim made before (read committed: each statement sees what was
+       committed before it);
     4. take candidates in claim order while their key and the worker have room, lock
-       them (skipping rows others hold) and claim them, writing each one's key.
+       them (skipping rows others hold) and claim them, writing each one's key, and log
+       how many were claimed (rate).
 
-    No count is kept: a row that stops WORKING, however it stops (its outcome, a
-    release, recovery after its lease), frees its place. SQLite has one writer at a
-    time (BEGIN IMMEDIATE): no row locks, the guard in the UPDATE suffices."""
+    No count of running rows is kept: a row that stops WORKING, however it stops (its
+    outcome, a release, recovery after its lease), frees its place. SQLite has one
+    writer at a time (BEGIN IMMEDIATE): no row locks, the guard in the UPDATE suffices.
+
+    The rate is exact in any window, not only in fixed ones: a claim at time t counts
+    every logged claim after t - period, also those logged at a later time by claims
+    that committed before it (PostgreSQL's now() is the transaction's start)."""
 
     # How many candidates a claim reads for each row it may take: the rows of keys at
     # their limit are skipped, and the rows behind them run.
@@ -153,8 +166,9 @@ class ClaimWithinLimits:
         self.vendor = vendor
 
     def plan(self, candidates: sa.Select[Any], values: dict[str, Any], worker: str,
-             limit: int, per_key: int | None, total: int | None) -> LimitPlan:
-        return LimitPlan(candidates, values, worker, limit, per_key, total)
+             limit: int, per_key: int | None, total: int | None,
+             rate: Rate | None = None) -> LimitPlan:
+        return LimitPlan(candidates, values, worker, limit, per_key, total, rate)
 
     def run(self, db: ClaimDatabase, plan: LimitPlan, params: dict[str, Any]) -> list[ClaimedRow]:
         from ..store.tables import execution_table
@@ -164,7 +178,9 @@ class ClaimWithinLimits:
             rows = conn.execute(plan.candidates, params).all()
             if not rows:
                 return []
-            room = self._total_room(conn, plan)
+            room = min(self._total_room(conn, plan), self._rate_room(conn, plan))
+            if room <= 0 and plan.rate is not None:
+                self._rate_wait(db, conn, plan)
             keys = {r.dbw_key for r in rows if r.dbw_key is not None} if plan.per_key else set()
             rooms = self._key_rooms(conn, plan, keys) if keys and room > 0 else {}
             picked: list[Any] = []
@@ -191,6 +207,10 @@ class ClaimWithinLimits:
                 .values(**plan.values, flow_key=flow_key), params).rowcount
             if claimed != len(picked):  # (the lock, or BEGIN IMMEDIATE, rules this out)
                 raise RuntimeError(f"claim of {len(picked)} rows changed {claimed}")
+            if plan.rate is not None:
+                self._log_rate(conn, plan, len(picked))
+                if room <= 0 and len(rows) > len(picked):  # used up, with rows left
+                    self._rate_wait(db, conn, plan)
         return [(r[0], r[1], r[2], r[3] + 1, r[4], r[5]) for r in picked]
 
     def transaction(self, db: ClaimDatabase) -> AbstractContextManager[Connection]:
@@ -219,10 +239,51 @@ class ClaimWithinLimits:
         from ..store.tables import execution_table
 
         e = execution_table()
-        self._locks(conn, plan.worker, [""], wait=True)
+        self._locks(conn, plan.worker, [""], wait=True)  # (the rate's lock too)
         running = conn.execute(sa.select(sa.func.count()).select_from(e).where(
             e.c.worker == plan.worker, e.c.status == "working")).scalar_one()
         return plan.total - running
+
+    def _rate_room(self, conn: Connection, plan: LimitPlan) -> float:
+        """How many rows the rate allows now: its count less the rows claimed in the last
+        period, under the worker's lock (older log rows are deleted on the way)."""
+        if plan.rate is None:
+            return float("inf")
+        from ..store.tables import rate_log_table
+
+        log = rate_log_table()
+        if plan.total is None:
+            self._locks(conn, plan.worker, [""], wait=True)
+        conn.execute(sa.delete(log).where(log.c.worker == plan.worker,
+                                          log.c.at <= self._now(-plan.rate.seconds)))
+        used = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(log.c.claimed), 0))
+                            .where(log.c.worker == plan.worker)).scalar_one()
+        return plan.rate.limit - int(used)
+
+    def _log_rate(self, conn: Connection, plan: LimitPlan, claimed: int) -> None:
+        from ..store.tables import rate_log_table
+
+        conn.execute(sa.insert(rate_log_table()).values(
+            worker=plan.worker, at=self._now(), claimed=claimed))
+
+    def _rate_wait(self, db: ClaimDatabase, conn: Connection, plan: LimitPlan) -> None:
+        """Tell the coordinator when the next row may be claimed: the oldest claim in the
+        window leaves it one period after it was logged."""
+        from ..store.engine import as_datetime
+        from ..store.tables import rate_log_table
+
+        assert plan.rate is not None
+        log = rate_log_table()
+        oldest, now = conn.execute(sa.select(sa.func.min(log.c.at), self._now()).where(
+            log.c.worker == plan.worker)).one()
+        if oldest is None:
+            return
+        age = (as_datetime(now) - as_datetime(oldest)).total_seconds()
+        db.rate_waits[plan.worker] = max(plan.rate.seconds - age, 0.0)
+
+    def _now(self, seconds: float | None = None) -> sa.ColumnElement[Any]:
+        return sa.literal_column(self.vendor.now_sql() if seconds is None
+                                 else self.vendor.now_plus_sql(seconds))
 
     def _key_rooms(self, conn: Connection, plan: LimitPlan, keys: set[str]) -> dict[str, int]:
         from ..store.tables import execution_table

@@ -234,6 +234,17 @@ def capped(job: KeyedJob):
     return keyed_run("capped", job)
 
 
+# -- tests/test_rate_limits.py ---------------------------------------------------------------
+@worker(name="rated", source=KeyedJob, concurrency=2, rate="5/2s")
+def rated(job: KeyedJob):
+    return keyed_run("rated", job)
+
+
+@worker(name="rated_fast", source=KeyedJob, concurrency=4, rate="50/s")
+def rated_fast(job: KeyedJob):
+    return keyed_run("rated_fast", job)
+
+
 @worker(name="multi", source=Stepper, concurrency=1,
         eligible=lambda: Stepper.objects.filter(kind="multi").order_by("id"))
 def multi(item: Stepper):

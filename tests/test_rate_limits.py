@@ -1,0 +1,163 @@
+"""Rate limits (issue 37): ``rate="N/period"``, decided inside the claim under the worker's
+lock, so no window of the period holds more than N claimed rows however many coordinators
+claim. The workers (tests/testapp/workers.py) run on KeyedJob: `rated` (5 per 2 s) and
+`rated_fast` (50/s).
+"""
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, connections
+
+from django_dbworker import worker
+from django_dbworker.models import Execution, RateLog
+from django_dbworker.registration.rates import Rate, parse_rate
+from django_dbworker.registration.registry import Registry, registry
+from django_dbworker.store.bridge import Bridge
+from django_dbworker.store.engine import as_datetime
+from tests.helpers import claim, effects
+from tests.processes import Coordinators
+from tests.testapp.models import KeyedJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def jobs(n: int, delay: float = 0.0) -> list[KeyedJob]:
+    return KeyedJob.objects.bulk_create([KeyedJob(delay=delay) for _ in range(n)])
+
+
+def test_a_rate_takes_its_count_then_says_when_the_next_row_may_be_claimed():
+    jobs(12)
+    bridge = Bridge()
+    try:
+        rated = registry["rated"]
+        assert len(bridge.claim(rated, 10, "test:1")) == 5
+        assert bridge.rate_wait(rated) is not None  # used up, rows left: wait for a token
+        # Another claimer (another host) gets nothing, and learns how long to wait.
+        assert claim("rated", 10, claimer="other:2") == []
+        assert bridge.claim(rated, 10, "test:1") == []
+        wait = bridge.rate_wait(rated)
+        assert wait is not None and 0 < wait <= 2.0, wait
+        # Ending the running rows frees no token: a rate counts claims, not running rows.
+        Execution.objects.filter(worker="rated", status="working").update(
+            status="finished", claim_token=None, lease_expires_at=None)
+        assert bridge.claim(rated, 10, "test:1") == []
+        time.sleep(bridge.rate_wait(rated) + 0.1)
+        assert len(bridge.claim(rated, 10, "test:1")) == 5
+        time.sleep(bridge.rate_wait(rated) + 0.1)
+        assert len(bridge.claim(rated, 10, "test:1")) == 2  # the last two rows
+        assert bridge.rate_wait(rated) is None  # none left behind: nothing to wait for
+    finally:
+        bridge.close()
+    # The log holds the last period's claims only (older ones go as claims count).
+    assert RateLog.objects.filter(worker="rated").count() <= 3
+
+
+def test_the_window_slides_a_token_comes_back_one_period_after_its_claim():
+    jobs(10)
+    bridge = Bridge()
+    try:
+        rated = registry["rated"]
+        assert len(bridge.claim(rated, 2, "test:1")) == 2
+        time.sleep(1.0)
+        assert len(bridge.claim(rated, 10, "test:1")) == 3  # 5 in the window now
+        wait = bridge.rate_wait(rated)
+        assert wait is not None and 0.3 < wait <= 1.05, wait  # the first claim's 2 come back
+        time.sleep(wait + 0.1)
+        assert len(bridge.claim(rated, 10, "test:1")) == 2  # those 2, not 5
+    finally:
+        bridge.close()
+
+
+@pytest.mark.solo  # (threads racing on purpose: alone, not beside another lane)
+def test_claims_racing_in_threads_never_take_more_than_the_rate():
+    from tests.test_flow_control import sampled_claims
+
+    jobs(100)
+    claimed = sampled_claims("rated", threads=6, rounds=1, ask=5)
+    assert len(claimed) == 5 and len(set(claimed)) == 5, claimed
+
+
+def _logged_claims(stop: threading.Event, seen: dict[int, tuple[float, int]]) -> None:
+    """Reads the rate log every 50 ms until ``stop`` (each row lives a period: 1 s), so
+    every claim's (time, rows) is seen."""
+    try:
+        while not stop.is_set():
+            for pk, at, claimed in RateLog.objects.filter(worker="rated_fast").values_list(
+                    "pk", "at", "claimed"):
+                seen[pk] = (as_datetime(at).timestamp(), claimed)
+            time.sleep(0.05)
+    finally:
+        connections.close_all()
+
+
+@pytest.mark.solo  # (several coordinators: alone, as the stress test is)
+def test_three_coordinators_never_claim_more_than_fifty_in_any_second_for_thirty_seconds():
+    """1,500 rows at 50/s take 30 s. Every claim's time and size is read from the rate
+    log as it happens; no window of one second, wherever it starts, holds more than 50
+    rows, every row ran once, and the rate was used (no long idle stretch)."""
+    rows = 1500
+    jobs(rows, delay=0.002)
+    seen: dict[int, tuple[float, int]] = {}
+    stop = threading.Event()
+    reader = threading.Thread(target=_logged_claims, args=(stop, seen))
+    coordinators = 2 if connection.vendor == "sqlite" else 3
+    group = Coordinators(coordinators, "--worker", "rated_fast", "--status-interval", "5")
+    group.wait_started()
+    started = time.monotonic()
+    reader.start()
+    try:
+        deadline = started + 120
+        while Execution.objects.filter(worker="rated_fast", status="finished").count() < rows:
+            assert group.alive(), group.report()
+            assert time.monotonic() < deadline, group.report()
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        reader.join(timeout=30)
+    elapsed = time.monotonic() - started
+    assert group.stop() == [0] * coordinators, group.report()
+    counted = effects("rated_fast")
+    assert len(counted) == rows and set(counted.values()) == {1}
+    claims = sorted(seen.values())
+    assert sum(n for _, n in claims) == rows, "a claim the log did not show"
+    busiest = 0
+    for i, (start, _) in enumerate(claims):  # every window that starts at a claim
+        busiest = max(busiest, sum(n for at, n in claims[i:] if at < start + 1.0))
+    assert busiest <= 50, busiest
+    assert busiest >= 40, busiest  # the rate was reached, not only kept
+    assert elapsed < 30 * 1.5, elapsed
+    print(f"\n{connection.vendor}: {coordinators} coordinators, {rows} rows at 50/s in "
+          f"{elapsed:.1f}s, {len(claims)} claims, busiest second {busiest}")
+
+
+def test_a_task_queue_takes_a_rate_from_its_options():
+    from django_dbworker.tasks.queues import queue_workers
+
+    rates = {w.queue: (w.rate, w.limited) for w in queue_workers()}
+    assert rates["capped"] == ("600/m", True) and rates["default"] == (None, False)
+    assert parse_rate("100/m") == Rate(100, 60.0) and str(Rate(100, 60.0)) == "100/m"
+    assert parse_rate("10/30s") == Rate(10, 30.0) and str(Rate(10, 30.0)) == "10/30s"
+
+
+@pytest.mark.parametrize("rate", ["100", "0/s", "5/0s", "5/d", "many/m", 5])
+def test_a_bad_rate_is_refused_naming_the_fix(rate):
+    with pytest.raises(ImproperlyConfigured, match=r"rate must be a rate such as '100/m'"):
+        worker(name="bad_rate", source=KeyedJob, rate=rate, registry=Registry())(lambda job: None)
+
+
+def test_why_not_running_names_the_rate_and_when_its_next_token_comes():
+    from django_dbworker.admin.diagnosis import diagnose
+
+    first, *_, last = jobs(6)
+    assert len(claim("rated", 10)) == 5
+    findings = {f.what: f for f in diagnose("rated", last)}
+    limit = findings["rate"]
+    assert limit.blocking and "rate 5/2s: 5 claimed in the last 2 s" in limit.detail, limit
+    assert "next row may be claimed in" in limit.detail, limit
+    assert Counter(Execution.objects.filter(worker="rated").values_list("status", flat=True)) == {
+        "working": 5, "pending": 1}
+    assert not {f.what: f for f in diagnose("rated", first)}["rate"].blocking  # it runs
