@@ -429,7 +429,9 @@ def test_dashboard_figures(admin_client: Client) -> None:
     text = response.text
     assert "Coordinators: 1 live" in text and "docs, summaries" in text
     assert f"{CHANGELIST}?worker=docs&amp;status__exact=failed" in text
-    queries = 6 + len(registry)  # five, the pauses, and a capped FINISHED count per worker
+    # Five, the pauses, a capped FINISHED count per worker, and one per flow-control limit
+    # with a figure of its own (per_key, rate).
+    queries = 6 + len(registry) + limit_queries()
     assert f'id="dbworker-query-count">This page\'s figures took {queries} database queries' in text
 
 
@@ -457,9 +459,13 @@ def test_dashboard_query_count_is_constant(admin_client: Client) -> None:
     mark_failed(docs_executions(documents[:10]))
     CoordinatorHeartbeat.objects.create(host="h", pid=1, workers="docs")
     assert count() == empty
-    # Six (the pauses among them), plus one capped FINISHED count per registered worker:
-    # none grows with rows.
-    assert empty[1] == 6 + len(registry) and empty[0] <= empty[1] + 2
+    # Six (the pauses among them), plus one capped FINISHED count per registered worker
+    # and one per limit of a limited worker: none grows with rows.
+    assert empty[1] == 6 + len(registry) + limit_queries() and empty[0] <= empty[1] + 2
+
+
+def limit_queries() -> int:
+    return sum((w.per_key is not None) + (w.rate is not None) for w in registry.values())
 
 
 def test_format_age() -> None:

@@ -324,3 +324,19 @@ def test_a_claim_of_a_capped_worker_waits_for_the_claim_before_it(monkeypatch):
     assert [c.source_id for c in first.claimed] == [str(last.pk)]
     assert [c.source_id for c in second] == [str(retry1.pk)]
     assert working("capped") == {str(early.pk), str(last.pk), str(retry1.pk)}
+
+
+def test_a_claim_counts_the_rows_each_limit_passed_over():
+    """What /metrics shows as dbworker_throttled_rows, by the limit that held them."""
+    from django_dbworker.registration.registry import registry
+    from django_dbworker.store.bridge import Bridge
+
+    jobs([1, 1, 1, 2, 2, None])
+    bridge = Bridge()
+    try:
+        assert len(bridge.claim(registry["keyed"], 10, "test:1")) == 3  # 1, 2 and None
+        assert bridge.throttled()["keyed"] == {"per_key": 3, "total": 0, "rate": 0}
+        assert len(bridge.claim(registry["capped"], 10, "test:1")) == 3  # total=3
+        assert bridge.throttled()["capped"] == {"per_key": 0, "total": 3, "rate": 0}
+    finally:
+        bridge.close()

@@ -161,3 +161,54 @@ def test_why_not_running_names_the_rate_and_when_its_next_token_comes():
     assert Counter(Execution.objects.filter(worker="rated").values_list("status", flat=True)) == {
         "working": 5, "pending": 1}
     assert not {f.what: f for f in diagnose("rated", first)}["rate"].blocking  # it runs
+
+
+def test_metrics_count_the_rows_a_limit_holds_back():
+    """dbworker_throttled_rows: what the last claim passed over, by the limit that held
+    it. 12 rows at 5 per 2 s: 7 held by the rate, then 2, then none."""
+    from tests.helpers import runworkers, wait_for
+    from tests.processes import Output
+    from tests.test_operations import free_port, get, samples
+
+    jobs(12)
+    port = free_port()
+    proc = runworkers("--worker", "rated", "--metrics-port", str(port))
+    output = Output(proc)
+    seen = []
+
+    def held() -> float | None:
+        try:
+            found = samples(get(port, "/metrics")[1])
+        except OSError:  # (not listening yet)
+            return None
+        value = found.get(("dbworker_throttled_rows", (("limit", "rate"), ("queue", ""),
+                                                      ("worker", "rated"))))
+        seen.append(value)
+        return value
+
+    try:
+        wait_for(lambda: held() in (7, 2), timeout=60, interval=0.05)
+        wait_for(lambda: Execution.objects.filter(worker="rated", status="finished").count() == 12,
+                 timeout=60)
+        wait_for(lambda: held() == 0, timeout=30)
+    finally:
+        proc.terminate()
+        assert output.wait(timeout=60) == 0, output.err
+    assert set(seen) <= {None, 0, 2, 7}, seen  # nothing else was ever held
+
+
+def test_the_dashboard_shows_each_limit_and_what_it_holds_back(admin_client):
+    from django.urls import reverse
+
+    jobs(8)
+    assert len(claim("rated", 10)) == 5
+    assert len(claim("capped", 10)) == 3
+    claim("keyed", 10)  # every row has key None: not limited per key, all 8 run at once
+    response = admin_client.get(reverse("admin:django_dbworker_dashboard"))
+    assert response.status_code == 200
+    limits = {w.name: w.limits for w in response.context["dashboard"].workers}
+    assert limits["rated"] == ["rate 5/2s: 5 claimed in the last 2 s, 3 held back"]
+    assert limits["capped"] == ["total: 3 of 3 running, 5 held back"]
+    assert limits["keyed"] == ["per customer: 0 keys at 1 running"]
+    assert limits["docs"] == []
+    assert "rate 5/2s: 5 claimed in the last 2 s, 3 held back" in response.text

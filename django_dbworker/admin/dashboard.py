@@ -54,6 +54,9 @@ class WorkerSummary:
     failed_last_hour: int = 0
     expired_leases: int = 0
     pause: WorkerPause | None = None
+    # Flow control: each limit's state now ("total: 3 of 3 running, 40 rows held"); empty
+    # for a worker without limits.
+    limits: list[str] = field(default_factory=list)
     # minute (0 = an hour ago) -> (finished, failed) in that minute
     activity: dict[int, list[int]] = field(default_factory=dict)
 
@@ -97,7 +100,8 @@ class ScheduleRow:
 @dataclass
 class Dashboard:
     """Bounded queries, whatever the history size (each says which index serves it):
-    eight, plus one per worker for its capped FINISHED count."""
+    eight, plus one per worker for its capped FINISHED count and one per flow-control
+    limit of a limited worker."""
 
     workers: list[WorkerSummary]
     coordinators: list[CoordinatorRow]
@@ -158,6 +162,9 @@ class Dashboard:
             summary(worker).expired_leases = n
         for pause in WorkerPause.objects.using(database):
             summary(pause.worker).pause = pause
+        for s in summaries.values():
+            if s.registered and registry[s.name].limited:
+                s.limits = _limits(registry[s.name], executions, s, now)
 
         window = live_window()
         coordinators = [
@@ -168,6 +175,39 @@ class Dashboard:
         ]
         return cls(sorted(summaries.values(), key=lambda s: (not s.registered, s.name)),
                    coordinators, window, _schedules(database, now))
+
+
+def _limits(w: Any, executions: QuerySet[Execution], s: WorkerSummary, now: datetime) -> list[str]:
+    """Each flow-control limit's state: how full it is, and the claimable rows it holds
+    back when it is full (a worker-wide limit holds them all). A per-key limit says how
+    many keys are full: which claimable rows those hold would take a read of every
+    one's source row. One query per limit, on the (worker, flow_key, status) index or the
+    rate log's (worker, at)."""
+    from ..models import RateLog
+
+    claimable = s.counts.get(ExecutionStatus.PENDING.value, 0) + s.counts.get(
+        ExecutionStatus.UNFINISHED.value, 0)
+    running = s.counts.get(ExecutionStatus.WORKING.value, 0)
+    lines = []
+
+    def held(full: bool) -> str:
+        return f", {claimable} held back" if full and claimable else ""
+
+    if w.per_key is not None:
+        full = (executions.filter(worker=w.name, status=ExecutionStatus.WORKING,
+                                  flow_key__isnull=False)
+                .values("flow_key").annotate(n=Count("*")).filter(n__gte=w.per_key).count())
+        lines.append(f"per {w.key}: {full} key{'s' if full != 1 else ''} at {w.per_key} running")
+    if w.total is not None:
+        lines.append(f"total: {running} of {w.total} running{held(running >= w.total)}")
+    rate = w.rate_limit
+    if rate is not None:
+        used = sum(RateLog.objects.using(executions.db).filter(
+            worker=w.name, at__gt=now - timedelta(seconds=rate.seconds))
+            .values_list("claimed", flat=True))
+        lines.append(f"rate {rate}: {used} claimed in the last {rate.seconds:g} s"
+                     f"{held(used >= rate.limit)}")
+    return lines
 
 
 def _schedules(database: str, now: datetime) -> list[ScheduleRow]:

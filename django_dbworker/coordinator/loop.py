@@ -209,8 +209,10 @@ class Coordinator:
         # their own: a scrape takes none of the loop's time or connections.
         backlog = Backlog.on_own_connection(self.settings.database, self.settings.lease_seconds,
                                             self.workers)
+        bridge = self.bridge
         metrics = Metrics(self.workers, backlog,
-                          lambda: {p.worker.name: len(p.busy) for p in self.pools})
+                          lambda: {p.worker.name: len(p.busy) for p in self.pools},
+                          bridge.throttled if bridge is not None else dict)
         self.probes = ProbeServer(port, metrics.registry, self.probe_state, host, backlog)
         self.metrics = self.events.metrics = metrics
         self.probes.start()

@@ -103,7 +103,8 @@ class Backlog:
 
 class Metrics:
     def __init__(self, workers: Iterable[Any], backlog: Backlog,
-                 busy: Callable[[], dict[str, int]]) -> None:
+                 busy: Callable[[], dict[str, int]],
+                 throttled: Callable[[], dict[str, dict[str, int]]] = dict) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.backlog = backlog
         self.labels = {w.name: (w.name, getattr(w, "queue", "")) for w in workers}
@@ -119,7 +120,7 @@ class Metrics:
         for name in self.labels:  # every series exists from the start, at 0
             for counter in self.counters.values():
                 counter.labels(*self.labels[name])
-        self.registry.register(_DatabaseGauges(self.labels, backlog, busy))
+        self.registry.register(_DatabaseGauges(self.labels, backlog, busy, throttled))
 
     def count(self, worker: str, event: str, n: int = 1) -> None:
         """Count ``n`` ``event``s (a name of ``events.EVENTS``; any other is an error)."""
@@ -142,8 +143,10 @@ class _DatabaseGauges:
     oldest pending row's age (the Backlog's figures, never a query)."""
 
     def __init__(self, labels: dict[str, tuple[str, str]], backlog: Backlog,
-                 busy: Callable[[], dict[str, int]]) -> None:
+                 busy: Callable[[], dict[str, int]],
+                 throttled: Callable[[], dict[str, dict[str, int]]]) -> None:
         self.labels, self.backlog, self.busy = labels, backlog, busy
+        self.throttled = throttled
 
     def describe(self) -> list[Any]:
         return []  # (collected only when scraped)
@@ -167,3 +170,13 @@ class _DatabaseGauges:
             age.add_metric(labels, oldest or 0.0)
         yield pending
         yield age
+        throttled = GaugeMetricFamily(
+            "dbworker_throttled_rows",
+            "Claimable rows this coordinator's last claim passed over because a flow-control "
+            "limit held them (per_key, total, rate); at most the claim's candidates.",
+            labels=[*LABELS, "limit"])
+        for name, held in self.throttled().items():
+            if name in self.labels:
+                for limit, n in sorted(held.items()):
+                    throttled.add_metric([*self.labels[name], limit], n)
+        yield throttled

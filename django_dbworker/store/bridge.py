@@ -88,6 +88,11 @@ class Bridge:
         with rows left (None: no rate holds it back)."""
         return self.claims.rate_waits.get(worker.name)
 
+    def throttled(self) -> dict[str, dict[str, int]]:
+        """Per limited worker, the rows its last claim passed over, by the limit that held
+        them (per_key, total, rate); at most the claim's candidates."""
+        return dict(self.claims.throttled)
+
     def eligible_sql(self, worker: Worker) -> EligibleSql | None:
         return self.claims.eligible_sql(worker)
 

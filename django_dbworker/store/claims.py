@@ -106,6 +106,8 @@ class Claims:
         # Rate-limited workers that used up their rate: seconds until the next row may
         # be claimed, as the last claim saw it (ClaimWithinLimits sets, rate_wait reads).
         self.rate_waits: dict[str, float] = {}
+        # Limited workers: the candidates the last claim passed over, by limit (/metrics).
+        self.throttled: dict[str, dict[str, int]] = {}
 
     def writing(self) -> Any:
         return engines.writing(self.engine, self.vendor)

@@ -26,6 +26,9 @@ class ClaimDatabase(Protocol):
     # Per worker, seconds (database clock) until a rate-limited worker that used up its
     # rate may claim again: set by ClaimWithinLimits, read by the coordinator.
     rate_waits: dict[str, float]
+    # Per worker, the candidates its last claim passed over, by the limit that held them
+    # ("per_key", "total", "rate"): set by ClaimWithinLimits, read by /metrics.
+    throttled: dict[str, dict[str, int]]
 
     def writing(self) -> AbstractContextManager[Connection]: ...
     def run_raw(self, compiled: Any, params: dict[str, Any]) -> list[Any]: ...
@@ -178,21 +181,28 @@ class ClaimWithinLimits:
             rows = conn.execute(plan.candidates, params).all()
             if not rows:
                 return []
-            room = min(self._total_room(conn, plan), self._rate_room(conn, plan))
+            total_room, rate_room = self._total_room(conn, plan), self._rate_room(conn, plan)
+            room, binding = (rate_room, "rate") if rate_room < total_room else (total_room, "total")
             if room <= 0 and plan.rate is not None:
                 self._rate_wait(db, conn, plan)
             keys = {r.dbw_key for r in rows if r.dbw_key is not None} if plan.per_key else set()
             rooms = self._key_rooms(conn, plan, keys) if keys and room > 0 else {}
             picked: list[Any] = []
-            for r in rows:
-                if len(picked) >= plan.limit or room <= 0:
+            held = dict.fromkeys(("per_key", "total", "rate"), 0)
+            for i, r in enumerate(rows):
+                if len(picked) >= plan.limit:
+                    break
+                if room <= 0:
+                    held[binding] += len(rows) - i  # the worker's limit holds the rest
                     break
                 if plan.per_key is not None and r.dbw_key is not None:
                     if rooms.get(r.dbw_key, 0) <= 0:
+                        held["per_key"] += 1
                         continue  # over its key's limit, or its key is another claim's now
                     rooms[r.dbw_key] -= 1
                 picked.append(r)
                 room -= 1
+            db.throttled[plan.worker] = held
             if not picked:
                 return []
             ids = self._lock_rows(conn, e, plan.worker, [r.id for r in picked])
