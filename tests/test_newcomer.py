@@ -135,3 +135,28 @@ def test_the_mixins_status_column_sorts_by_status(admin_client):
         assert page.status_code == 200
         rows = list(page.context["cl"].result_list)
         assert [r.docs_execution_status for r in rows] == expected
+
+
+def test_cleanup_deletes_a_removed_workers_flow_control_rows_and_no_others():
+    from django.utils import timezone
+
+    from django_dbworker.models import FlowLock, RateLog
+
+    FlowLock.objects.create(worker="gone_keyed", key="42")
+    FlowLock.objects.create(worker="gone_keyed", key="")
+    RateLog.objects.create(worker="gone_keyed", at=timezone.now(), claimed=3)
+    FlowLock.objects.create(worker="keyed", key="7")  # registered: never touched
+    FlowLock.objects.create(worker="gone_busy", key="1")
+    Execution.objects.create(worker="gone_busy", source_id="9", status="working")
+    dry = StringIO()
+    call_command("dbworker_cleanup", "--dry-run", stdout=dry)
+    assert "worker gone_keyed: deletes its 3 flow-control row(s) (FlowLock, RateLog)." in dry.getvalue()
+    assert "worker gone_busy: keeps its 1 flow-control row(s)" in dry.getvalue()
+    assert FlowLock.objects.count() == 4
+    with pytest.raises(CommandError, match="nothing deleted"):
+        call_command("dbworker_cleanup", stdout=StringIO())
+    out = StringIO()
+    call_command("dbworker_cleanup", "--no-input", stdout=out)
+    assert "Deleted 3 flow-control row(s)." in out.getvalue()
+    assert set(FlowLock.objects.values_list("worker", "key")) == {("keyed", "7"), ("gone_busy", "1")}
+    assert not RateLog.objects.exists()

@@ -11,6 +11,10 @@ What it never does:
 - delete finished or failed executions unless ``--include-history`` says so: were the
   worker registered again, ``migrate`` would make their rows pending and run them again;
 - delete a WORKING row (a coordinator running older code holds it).
+
+A gone worker's flow-control rows (``FlowLock``, ``RateLog``) go with its executions, or
+alone when it has none left, unless a live coordinator serves it or one of its rows is
+WORKING.
 """
 
 from __future__ import annotations
@@ -56,11 +60,16 @@ class Command(BaseCommand):
                                   .values_list("worker", "status").annotate(n=Count("*"))
                                   .order_by("worker", "status")):
             counts.setdefault(worker, {})[status] = n
-        if not counts:
+        flow = flow_rows(database)
+        if not counts and not flow:
             self.stdout.write("Nothing to clean up: every execution belongs to a registered "
                               "worker.")
             return
         served = live_coordinators(database)
+        flow_plan = self._flow_plan(flow, counts, served)
+        if not counts:
+            self._delete_flow(database, flow_plan, options)
+            return
         statuses = WAITING + (HISTORY if options["include_history"] else [])
         plan: dict[str, int] = {}
         for worker, by_status in counts.items():
@@ -81,7 +90,10 @@ class Command(BaseCommand):
             if doomed:
                 plan[worker] = doomed
         if not plan:
-            self.stdout.write("Nothing to delete.")
+            if flow_plan:
+                self._delete_flow(database, flow_plan, options)
+            else:
+                self.stdout.write("Nothing to delete.")
             return
         total = sum(plan.values())
         if options["dry_run"]:
@@ -101,6 +113,49 @@ class Command(BaseCommand):
                 continue
             deleted += executions.filter(worker=worker, status__in=statuses).delete()[0]
         self.stdout.write(f"Deleted {deleted} execution(s).")
+        self._delete_flow(database, flow_plan, {**options, "interactive": False})
+
+    def _flow_plan(self, flow: dict[str, int], counts: dict[str, dict[str, int]],
+                   served: dict[str, list[str]]) -> list[str]:
+        """The gone workers whose flow-control rows (FlowLock, RateLog) go: not served by a
+        live coordinator, and none of their rows WORKING (an older coordinator that still
+        claims them would count under those locks)."""
+        doomed = []
+        for worker, n in sorted(flow.items()):
+            if worker in served or counts.get(worker, {}).get(ExecutionStatus.WORKING.value):
+                self.stdout.write(f"worker {worker}: keeps its {n} flow-control row(s) (a "
+                                  "coordinator may still claim its rows).")
+                continue
+            self.stdout.write(f"worker {worker}: deletes its {n} flow-control row(s) "
+                              "(FlowLock, RateLog).")
+            doomed.append(worker)
+        return doomed
+
+    def _delete_flow(self, database: str, workers: list[str], options: dict[str, Any]) -> None:
+        from django_dbworker.models import FlowLock, RateLog
+
+        if not workers:
+            return
+        if options["dry_run"]:
+            self.stdout.write("Dry run: nothing changed.")
+            return
+        if options["interactive"] and not _confirmed_flow(len(workers)):
+            raise CommandError("Cleanup cancelled: nothing deleted.")
+        deleted = sum(model.objects.using(database).filter(worker__in=workers).delete()[0]
+                      for model in (FlowLock, RateLog))
+        self.stdout.write(f"Deleted {deleted} flow-control row(s).")
+
+
+def flow_rows(database: str) -> dict[str, int]:
+    """Unregistered workers with flow-control rows (FlowLock, RateLog): how many each."""
+    from django_dbworker.models import FlowLock, RateLog
+
+    found: dict[str, int] = {}
+    for model in (FlowLock, RateLog):
+        for worker, n in (model.objects.using(database).exclude(worker__in=list(registry))
+                          .values_list("worker").annotate(n=Count("*")).order_by()):
+            found[worker] = found.get(worker, 0) + n
+    return found
 
 
 def live_coordinators(database: str) -> dict[str, list[str]]:
@@ -113,6 +168,15 @@ def live_coordinators(database: str) -> dict[str, list[str]]:
         for name in filter(None, c.workers.split(",")):
             served.setdefault(name, []).append(f"{c.host}:{c.pid}")
     return served
+
+
+def _confirmed_flow(workers: int) -> bool:
+    try:
+        answer = input(f"Delete the flow-control rows of {workers} worker(s)? Type 'yes' to "
+                       "continue: ")
+    except (EOFError, OSError):  # no terminal: nobody said yes
+        return False
+    return answer.strip().lower() == "yes"
 
 
 def _confirmed(total: int) -> bool:
