@@ -294,6 +294,9 @@ class Task(models.Model):
     # attempt number); worker_ids, the coordinator of each attempt.
     errors = JSONText(default=list, blank=True)
     worker_ids = JSONText(default=list, blank=True)
+    # The flow-control key its @flow_key declaration computed at enqueue: a queue with
+    # PER_KEY runs at most that many tasks of one key at once (docs/flow-control.md).
+    flow_key = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         verbose_name = "task"

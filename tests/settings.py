@@ -95,7 +95,7 @@ if os.environ.get("DBWORKER_FAILPOINT"):
 TASKS = {
     "default": {
         "BACKEND": "django_dbworker.tasks.DatabaseBackend",
-        "QUEUES": ["default", "emails", "retries", "crashes", "capped"],
+        "QUEUES": ["default", "emails", "retries", "crashes", "capped", "keyed"],
         "OPTIONS": {
             "CONCURRENCY": 2,
             "QUEUE_OPTIONS": {
@@ -103,6 +103,7 @@ TASKS = {
                 "retries": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 3, "RETRY_BACKOFF": 0.01},
                 "crashes": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 2, "RETRY_BACKOFF": 1},
                 "capped": {"CONCURRENCY": 2, "TOTAL": 1, "RATE": "600/m"},  # test_flow_control, test_rate_limits
+                "keyed": {"CONCURRENCY": 2, "PER_KEY": 1},  # tests/test_flow_control.py
             },
         },
     },

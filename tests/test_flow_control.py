@@ -340,3 +340,35 @@ def test_a_claim_counts_the_rows_each_limit_passed_over():
         assert bridge.throttled()["capped"] == {"per_key": 0, "total": 3, "rate": 0}
     finally:
         bridge.close()
+
+
+def test_a_task_queue_with_per_key_runs_one_task_per_flow_key_at_once():
+    from django_dbworker.models import Task
+    from tests.testapp import tasks
+
+    results = [tasks.per_customer.enqueue(c, n) for c, n in
+               [(1, 1), (1, 2), (2, 1), (None, 1), (None, 2), (1, 3)]]
+    assert [t.flow_key for t in Task.objects.order_by("enqueued_at")] == [
+        "1", "1", "2", None, None, "1"]
+    name = "tasks.default.keyed"
+    first = {c.source_id for c in claim(name, 10)}
+    ids = [r.id.replace("-", "") if connection.vendor == "sqlite" else r.id for r in results]
+    assert first == {ids[0], ids[2], ids[3], ids[4]}  # one per key; no key: not limited
+    assert claim(name, 10, claimer="other:2") == []
+    Execution.objects.filter(worker=name, source_id=ids[0]).update(
+        status="finished", claim_token=None, lease_expires_at=None)
+    assert [c.source_id for c in claim(name, 10, claimer="other:2")] == [ids[1]]
+
+
+def test_flow_key_is_declared_on_a_task_and_refused_elsewhere():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_dbworker.tasks import flow_key
+    from tests.testapp import tasks
+
+    with pytest.raises(ImproperlyConfigured, match="above @task"):
+        flow_key(lambda *a: 1)(tasks.add.func)
+    with pytest.raises(ImproperlyConfigured, match="give a function of the task's arguments"):
+        flow_key("customer")(tasks.add)
+    with pytest.raises(ValueError, match="over 255: have @flow_key return something shorter"):
+        tasks.per_customer.enqueue("x" * 300, 1)

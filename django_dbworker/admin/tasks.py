@@ -91,7 +91,7 @@ class TaskAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     actions = ["retry_failed", "run_again", "delete_selected"]
     fields = ("id", "task_path", "backend", "queue_name", "status_badge", "priority",
-              "run_after", "unique_key", "arguments", "result", "error_list", "worker_ids",
+              "run_after", "flow_key", "unique_key", "arguments", "result", "error_list", "worker_ids",
               "enqueued_at", "started_at", "last_attempted_at", "finished_at")
     readonly_fields = fields
 

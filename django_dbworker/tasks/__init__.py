@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .flow import flow_key
 from .uniqueness import unique
 
-__all__ = ["DatabaseBackend", "unique"]
+__all__ = ["DatabaseBackend", "flow_key", "unique"]
 
 
 def __getattr__(name: str) -> Any:

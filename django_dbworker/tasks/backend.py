@@ -17,7 +17,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
-from . import uniqueness, values
+from . import flow, uniqueness, values
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -62,7 +62,8 @@ class DatabaseBackend(BaseTaskBackend):
         stored_args, stored_kwargs = values.arguments(task.module_path, args, kwargs, limit)
         fields = {"backend": self.alias, "queue_name": task.queue_name,
                   "task_path": task.module_path, "priority": task.priority,
-                  "run_after": task.run_after, "args": stored_args, "kwargs": stored_kwargs}
+                  "run_after": task.run_after, "args": stored_args, "kwargs": stored_kwargs,
+                  "flow_key": flow.key_of(task.module_path, args, kwargs)}
         rule = uniqueness.rule_for(task.module_path)
         key = (rule.key_of(task.module_path, stored_args, stored_kwargs, (args, kwargs))
                if rule is not None else None)

@@ -6,7 +6,7 @@ import time
 
 from django.db import transaction
 
-from django_dbworker.tasks import unique
+from django_dbworker.tasks import flow_key, unique
 
 from .models import Effect
 
@@ -171,3 +171,10 @@ def sync_customer(customer, sleep=0.0):
 def reindex(key, version):
     effect("task.reindex", f"{key}:{version}")
     return version
+
+
+# -- tests/test_flow_control.py: a queue with PER_KEY 1 ------------------------------------
+@flow_key(lambda customer, *args, **kwargs: customer)
+@task(queue_name="keyed")
+def per_customer(customer, n):
+    effect("task.per_customer", f"{customer}:{n}")
