@@ -267,10 +267,14 @@ class Claims:
         at their limit are passed over. (From the start of the backlog each time: a
         floor would pass over the rows it skipped.)"""
         operation = ClaimWithinLimits(self.vendor)
-        scan = max(limit * operation.SCAN_PER_ROW, operation.MIN_SCAN)
-        stmt, _ = self._candidates(worker, scan, eligible, floored=False)
-        plan = operation.plan(stmt.add_columns(self._key_of(worker)), values, worker.name,
-                              limit, worker.per_key, worker.total, worker.rate_limit)
+        near, far = operation.scans(limit)
+        key = self._key_of(worker)
+        stmt, _ = self._candidates(worker, near, eligible, floored=False)
+        wider = None
+        if far > near:
+            wider = self._candidates(worker, far, eligible, floored=False)[0].add_columns(key)
+        plan = operation.plan(stmt.add_columns(key), values, worker.name, limit,
+                              worker.per_key, worker.total, worker.rate_limit, wider, near)
         return ClaimStatement(eligible, operation, plan, False)
 
     def _key_of(self, worker: Worker) -> sa.ColumnElement[Any]:
