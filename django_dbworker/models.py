@@ -205,16 +205,19 @@ class FlowLock(models.Model):
 
 
 class RateLog(models.Model):
-    """Claims of a rate-limited worker (``rate=``), one row per claim with how many rows it
-    took, at the database's time. A claim counts the rows of the last period under the
+    """Claims of a rate-limited worker (``rate=``), one row per claim (and key, for a rate
+    per key) with how many rows it took, at the database's time. A claim counts the rows of the last period under the
     worker's FlowLock row and deletes older ones, so the table holds one period's claims."""
 
     worker = models.CharField(max_length=100)
+    # The key the rows had, for a rate per key (rate_per_key); NULL for a worker's rate.
+    key = models.CharField(max_length=255, null=True, blank=True)
     at = models.DateTimeField()
     claimed = models.PositiveIntegerField()
 
     class Meta:
-        indexes = [models.Index(fields=["worker", "at"], name="dbworker_ratelog_at")]
+        indexes = [models.Index(fields=["worker", "at"], name="dbworker_ratelog_at"),
+                   models.Index(fields=["worker", "key"], name="dbworker_ratelog_key")]
         verbose_name = "rate log entry"
         verbose_name_plural = "rate log"
 

@@ -230,3 +230,55 @@ def test_the_dashboard_shows_each_limit_and_what_it_holds_back(admin_client):
     assert limits["keyed"] == ["per customer: 0 keys at 1 running"]
     assert limits["docs"] == []
     assert "rate 5/2s: 5 claimed in the last 2 s, 3 held back" in response.text
+
+
+def test_a_rate_per_key_holds_for_each_key_apart():
+    """2 per 2 s for each customer: a key's third row waits for its token while other
+    keys' rows run; rows without a key are not limited per key."""
+    rows = KeyedJob.objects.bulk_create([KeyedJob(customer=c) for c in
+                                         [1, 1, 1, 2, 2, 2, None, None, None]])
+    bridge = Bridge()
+    try:
+        w = registry["rated_per_key"]
+        first = [c.source_id for c in bridge.claim(w, 20, "test:1")]
+        assert first == [str(rows[i].pk) for i in (0, 1, 3, 4, 6, 7, 8)]
+        assert bridge.throttled()["rated_per_key"] == {"per_key": 0, "total": 0, "rate": 2}
+        assert bridge.claim(w, 20, "test:1") == []  # every key used its 2 tokens
+        wait = bridge.rate_wait(w)
+        assert wait is not None and 0 < wait <= 2.0, wait
+        # Ending rows frees no token; the worker has no rate of its own.
+        Execution.objects.filter(worker="rated_per_key", status="working").update(
+            status="finished", claim_token=None, lease_expires_at=None)
+        assert bridge.claim(w, 20, "test:1") == []
+        time.sleep(wait + 0.1)
+        assert sorted(c.source_id for c in bridge.claim(w, 20, "test:1")) == sorted(
+            str(rows[i].pk) for i in (2, 5))
+    finally:
+        bridge.close()
+    assert set(RateLog.objects.filter(worker="rated_per_key").values_list("key", flat=True)) == {
+        "1", "2"}
+
+
+def test_rate_per_key_needs_a_rate_and_a_key():
+    with pytest.raises(ImproperlyConfigured, match="rate_per_key=True needs rate="):
+        worker(name="bad", source=KeyedJob, key="customer", rate_per_key=True,
+               registry=Registry())(lambda job: None)
+    with pytest.raises(ImproperlyConfigured, match="rate_per_key=True needs key="):
+        worker(name="bad", source=KeyedJob, rate="5/s", rate_per_key=True,
+               registry=Registry())(lambda job: None)
+
+
+def test_why_and_the_dashboard_show_a_rate_per_key(admin_client):
+    from django.urls import reverse
+
+    from django_dbworker.admin.diagnosis import diagnose
+
+    rows = KeyedJob.objects.bulk_create([KeyedJob(customer=c) for c in [5, 5, 5, None]])
+    assert len(claim("rated_per_key", 10)) == 3
+    rate = {f.what: f for f in diagnose("rated_per_key", rows[2])}["rate"]
+    assert rate.blocking and "rate 2/2s per customer, customer 5: 2 claimed in the last 2 s" in rate.detail
+    assert "next row may be claimed in" in rate.detail
+    assert not {f.what: f for f in diagnose("rated_per_key", rows[3])}["rate"].blocking
+    dashboard = admin_client.get(reverse("admin:django_dbworker_dashboard")).context["dashboard"]
+    limits = {w.name: w.limits for w in dashboard.workers}
+    assert limits["rated_per_key"] == ["rate 2/2s per customer: 1 key at their rate"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Max, Min, QuerySet
+from django.db.models import Count, Max, Min, QuerySet, Sum
 from django.db.models.functions import TruncMinute
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -202,11 +202,17 @@ def _limits(w: Any, executions: QuerySet[Execution], s: WorkerSummary, now: date
         lines.append(f"total: {running} of {w.total} running{held(running >= w.total)}")
     rate = w.rate_limit
     if rate is not None:
-        used = sum(RateLog.objects.using(executions.db).filter(
+        window = RateLog.objects.using(executions.db).filter(
             worker=w.name, at__gt=now - timedelta(seconds=rate.seconds))
-            .values_list("claimed", flat=True))
-        lines.append(f"rate {rate}: {used} claimed in the last {rate.seconds:g} s"
-                     f"{held(used >= rate.limit)}")
+        if w.rate_per_key:
+            full = (window.values("key").annotate(n=Sum("claimed"))
+                    .filter(n__gte=rate.limit).count())
+            lines.append(f"rate {rate} per {w.key}: {full} key{'s' if full != 1 else ''} at "
+                         "their rate")
+        else:
+            used = sum(window.values_list("claimed", flat=True))
+            lines.append(f"rate {rate}: {used} claimed in the last {rate.seconds:g} s"
+                         f"{held(used >= rate.limit)}")
     return lines
 
 

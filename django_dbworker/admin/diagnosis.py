@@ -80,7 +80,7 @@ def diagnose(worker: str, source: Any) -> list[Finding]:
     findings.extend(_eligibility(w, database, pk))
     findings.extend(_limits(w, database, pk, execution))
     if w.rate is not None:
-        findings.append(_rate(w, database, now, execution))
+        findings.append(_rate(w, database, now, execution, pk))
     findings.append(_coordinators(w, database, now))
     return findings
 
@@ -115,9 +115,10 @@ def _limits(w: Worker, database: str, pk: Any, execution: Execution) -> list[Fin
     return findings
 
 
-def _rate(w: Worker, database: str, now: Any, execution: Execution) -> Finding:
-    """The worker's rate as the next claim would count it: the rows claimed in the last
-    period (the rate log), and when the oldest of them leaves the window."""
+def _rate(w: Worker, database: str, now: Any, execution: Execution, pk: Any) -> Finding:
+    """The worker's rate (or its key's) as the next claim would count it: the rows
+    claimed in the last period (the rate log), and when the oldest of them leaves the
+    window."""
     from datetime import timedelta
 
     from ..models import RateLog
@@ -126,8 +127,15 @@ def _rate(w: Worker, database: str, now: Any, execution: Execution) -> Finding:
     assert rate is not None
     window = RateLog.objects.using(database).filter(
         worker=w.name, at__gt=now - timedelta(seconds=rate.seconds))
+    detail = f"rate {rate}"
+    if w.rate_per_key:
+        text = _key_text(w, database, pk)
+        if text is None:
+            return Finding("rate", False, f"Its {w.key} is empty: no rate per key applies.")
+        window = window.filter(key=text)
+        detail += f" per {w.key}, {w.key} {text}"
     used = sum(window.values_list("claimed", flat=True))
-    detail = f"rate {rate}: {used} claimed in the last {rate.seconds:g} s"
+    detail += f": {used} claimed in the last {rate.seconds:g} s"
     held = execution.status in ("pending", "unfinished") and used >= rate.limit
     if held:
         oldest = min(window.values_list("at", flat=True))

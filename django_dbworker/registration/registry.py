@@ -57,6 +57,7 @@ OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "total": (_whole, "an int >= 1 (or None)"),
     "rate": (lambda v: v is None or is_rate(v),
              "a rate such as '100/m' (N per s, m or h, or per k seconds: '10/30s')"),
+    "rate_per_key": (lambda v: isinstance(v, bool), "True or False"),
 }
 
 
@@ -83,6 +84,7 @@ class Worker:
     per_key: int | None = None  # at most this many rows of one key WORKING, every host
     total: int | None = None  # at most this many rows of the worker WORKING, every host
     rate: str | None = None  # at most this many claims in any window of the period ("100/m")
+    rate_per_key: bool = False  # the rate holds for each key apart, not for the worker
     options: dict[str, Any] = field(default_factory=dict)
     # Claims order by priority first (task queues); row workers claim in creation order.
     prioritized = False
@@ -307,14 +309,20 @@ def validate(
 
 def _check_flow(name: str, source: type[models.Model], options: dict[str, Any]) -> None:
     key, per_key = options.get("key"), options.get("per_key")
-    if per_key is not None and key is None:
+    per_key_rate = bool(options.get("rate_per_key"))
+    if per_key_rate and options.get("rate") is None:
         raise ImproperlyConfigured(
-            f"Worker {name!r}: per_key={per_key} needs key=, the field whose value the "
+            f"Worker {name!r}: rate_per_key=True needs rate=, the rate each key gets "
+            "(e.g. rate='10/m').")
+    if (per_key is not None or per_key_rate) and key is None:
+        what = f"per_key={per_key}" if per_key is not None else "rate_per_key=True"
+        raise ImproperlyConfigured(
+            f"Worker {name!r}: {what} needs key=, the field whose value the "
             "limit counts by (e.g. key='customer').")
-    if key is not None and per_key is None:
+    if key is not None and per_key is None and not per_key_rate:
         raise ImproperlyConfigured(
-            f"Worker {name!r}: key={key!r} is given without per_key=; give per_key=N "
-            "(at most N rows of one key run at once).")
+            f"Worker {name!r}: key={key!r} is given without per_key= or rate_per_key=; "
+            "give per_key=N (at most N rows of one key run at once).")
     if key is not None:
         _check_column(name, source, key, "key")
 

@@ -274,7 +274,8 @@ class Claims:
         if far > near:
             wider = self._candidates(worker, far, eligible, floored=False)[0].add_columns(key)
         plan = operation.plan(stmt.add_columns(key), values, worker.name, limit,
-                              worker.per_key, worker.total, worker.rate_limit, wider, near)
+                              worker.per_key, worker.total, worker.rate_limit, wider, near,
+                              worker.rate_per_key)
         return ClaimStatement(eligible, operation, plan, False)
 
     def _key_of(self, worker: Worker) -> sa.ColumnElement[Any]:

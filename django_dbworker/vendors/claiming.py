@@ -6,6 +6,7 @@ crashes), in claim order.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -139,6 +140,16 @@ class LimitPlan:
     # when the first ones' keys were full; ``scan`` is how many ``candidates`` reads.
     wider: sa.Select[Any] | None = None
     scan: int = 0
+    rate_per_key: bool = False  # the rate holds for each key apart
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a limit holds per key (per_key, or a rate per key)."""
+        return self.per_key is not None or (self.rate is not None and self.rate_per_key)
+
+    @property
+    def worker_rate(self) -> Rate | None:
+        return None if self.rate_per_key else self.rate
 
 
 class ClaimWithinLimits:
@@ -185,8 +196,9 @@ class ClaimWithinLimits:
     def plan(self, candidates: sa.Select[Any], values: dict[str, Any], worker: str,
              limit: int, per_key: int | None, total: int | None,
              rate: Rate | None = None, wider: sa.Select[Any] | None = None,
-             scan: int = 0) -> LimitPlan:
-        return LimitPlan(candidates, values, worker, limit, per_key, total, rate, wider, scan)
+             scan: int = 0, rate_per_key: bool = False) -> LimitPlan:
+        return LimitPlan(candidates, values, worker, limit, per_key, total, rate, wider, scan,
+                         rate_per_key)
 
     def run(self, db: ClaimDatabase, plan: LimitPlan, params: dict[str, Any]) -> list[ClaimedRow]:
         from ..store.tables import execution_table
@@ -198,9 +210,9 @@ class ClaimWithinLimits:
                 return []
             total_room, rate_room = self._total_room(conn, plan), self._rate_room(conn, plan)
             room, binding = (rate_room, "rate") if rate_room < total_room else (total_room, "total")
-            if room <= 0 and plan.rate is not None:
+            if room <= 0 and plan.worker_rate is not None:
                 self._rate_wait(db, conn, plan)
-            rooms: dict[str, int] = {}
+            rooms: dict[str, tuple[int, str]] = {}
             picked, held = self._pick(conn, plan, rows, room, binding, rooms)
             if (len(picked) < min(plan.limit, room) and plan.wider is not None
                     and len(rows) >= plan.scan):
@@ -209,6 +221,9 @@ class ClaimWithinLimits:
                 picked, held = self._pick(conn, plan, rows, room, binding, rooms)
             db.throttled[plan.worker] = held
             if not picked:
+                if held["rate"] and room > 0 and plan.rate_per_key:
+                    self._rate_wait(db, conn, plan, keys=[k for k, (n, why) in rooms.items()
+                                                          if n <= 0 and why == "rate"])
                 return []
             ids = self._lock_rows(conn, e, plan.worker, [r.id for r in picked])
             picked = [r for r in picked if r.id in ids]
@@ -224,26 +239,26 @@ class ClaimWithinLimits:
             if claimed != len(picked):  # (the lock, or BEGIN IMMEDIATE, rules this out)
                 raise RuntimeError(f"claim of {len(picked)} rows changed {claimed}")
             if plan.rate is not None:
-                self._log_rate(conn, plan, len(picked))
-                if room <= 0 and len(rows) > len(picked):  # used up, with rows left
-                    self._rate_wait(db, conn, plan)
+                self._log_rate(conn, plan, picked)
+                if room <= 0 and len(rows) > len(picked) and plan.worker_rate is not None:
+                    self._rate_wait(db, conn, plan)  # used up, with rows left
         return [(r[0], r[1], r[2], r[3] + 1, r[4], r[5]) for r in picked]
 
     def transaction(self, db: ClaimDatabase) -> AbstractContextManager[Connection]:
         return db.writing() if self.vendor.autocommit_engine else db.engine.begin()
 
     def _pick(self, conn: Connection, plan: LimitPlan, rows: Sequence[Any], room: float,
-              binding: str, rooms: dict[str, int]) -> tuple[list[Any], dict[str, int]]:
+              binding: str, rooms: dict[str, tuple[int, str]]) -> tuple[list[Any], dict[str, int]]:
         """The candidates to claim, in claim order, while the worker (``room``) and their
         key have room; and how many each limit held back. The keys' rooms are counted
-        under their locks the first time a key is seen (``rooms`` keeps them: a key not
-        locked has none, another claim holds it)."""
-        if plan.per_key is not None and room > 0:
+        under their locks the first time a key is seen (``rooms`` keeps them, each with
+        the limit that binds it: a key not locked has none, another claim holds it)."""
+        if plan.keyed and room > 0:
             new = {r.dbw_key for r in rows if r.dbw_key is not None} - rooms.keys()
             if new:
                 counted = self._key_rooms(conn, plan, new)
-                rooms.update({k: counted.get(k, 0) for k in new})
-        left = dict(rooms)
+                rooms.update({k: counted.get(k, (0, "per_key")) for k in new})
+        left = {k: n for k, (n, _) in rooms.items()}
         picked: list[Any] = []
         held = dict.fromkeys(("per_key", "total", "rate"), 0)
         for i, r in enumerate(rows):
@@ -252,10 +267,11 @@ class ClaimWithinLimits:
             if room <= 0:
                 held[binding] += len(rows) - i  # the worker's limit holds the rest
                 break
-            if plan.per_key is not None and r.dbw_key is not None:
+            if plan.keyed and r.dbw_key is not None:
                 if left.get(r.dbw_key, 0) <= 0:
-                    held["per_key"] += 1
-                    continue  # over its key's limit, or its key is another claim's now
+                    # Over its key's limit or rate, or its key is another claim's now.
+                    held[rooms[r.dbw_key][1] if r.dbw_key in rooms else "per_key"] += 1
+                    continue
                 left[r.dbw_key] -= 1
             picked.append(r)
             room -= 1
@@ -290,37 +306,56 @@ class ClaimWithinLimits:
         return plan.total - running
 
     def _rate_room(self, conn: Connection, plan: LimitPlan) -> float:
-        """How many rows the rate allows now: its count less the rows claimed in the last
-        period, under the worker's lock (older log rows are deleted on the way)."""
+        """How many rows the worker's rate allows now: its count less the rows claimed in
+        the last period, under the worker's lock (older log rows are deleted on the way).
+        A rate per key deletes old rows here too; its count is each key's (_key_rooms)."""
         if plan.rate is None:
             return float("inf")
         from ..store.tables import rate_log_table
 
         log = rate_log_table()
-        if plan.total is None:
+        if plan.total is None and not plan.rate_per_key:
             self._locks(conn, plan.worker, [""], wait=True)
         conn.execute(sa.delete(log).where(log.c.worker == plan.worker,
                                           log.c.at <= self._now(-plan.rate.seconds)))
+        if plan.rate_per_key:
+            return float("inf")
         used = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(log.c.claimed), 0))
                             .where(log.c.worker == plan.worker)).scalar_one()
         return plan.rate.limit - int(used)
 
-    def _log_rate(self, conn: Connection, plan: LimitPlan, claimed: int) -> None:
+    def _log_rate(self, conn: Connection, plan: LimitPlan, picked: list[Any]) -> None:
+        """Log the claim: its rows, or for a rate per key the rows of each key (a row
+        without a key is not limited per key, and not logged)."""
         from ..store.tables import rate_log_table
 
-        conn.execute(sa.insert(rate_log_table()).values(
-            worker=plan.worker, at=self._now(), claimed=claimed))
+        if not plan.rate_per_key:
+            entries = [{"key": None, "claimed": len(picked)}]
+        else:
+            per_key = Counter(r.dbw_key for r in picked if r.dbw_key is not None)
+            entries = [{"key": k, "claimed": n} for k, n in sorted(per_key.items())]
+        if entries:
+            conn.execute(sa.insert(rate_log_table()).values(
+                worker=plan.worker, at=self._now()), entries)
 
-    def _rate_wait(self, db: ClaimDatabase, conn: Connection, plan: LimitPlan) -> None:
+    def _rate_wait(self, db: ClaimDatabase, conn: Connection, plan: LimitPlan,
+                   keys: list[str] | None = None) -> None:
         """Tell the coordinator when the next row may be claimed: the oldest claim in the
-        window leaves it one period after it was logged."""
+        window (of one of ``keys``, for a rate per key: the first of them to get a token)
+        leaves it one period after it was logged."""
         from ..store.engine import as_datetime
         from ..store.tables import rate_log_table
 
         assert plan.rate is not None
         log = rate_log_table()
-        oldest, now = conn.execute(sa.select(sa.func.min(log.c.at), self._now()).where(
-            log.c.worker == plan.worker)).one()
+        mine = log.c.worker == plan.worker
+        if keys is not None:
+            if not keys:
+                return
+            # Each key gets a token when its oldest entry leaves the window: the first of
+            # them when the oldest entry of all these keys does.
+            mine = sa.and_(mine, log.c.key.in_(sorted(keys)))
+        oldest, now = conn.execute(sa.select(sa.func.min(log.c.at), self._now()).where(mine)).one()
         if oldest is None:
             return
         age = (as_datetime(now) - as_datetime(oldest)).total_seconds()
@@ -330,19 +365,34 @@ class ClaimWithinLimits:
         return sa.literal_column(self.vendor.now_sql() if seconds is None
                                  else self.vendor.now_plus_sql(seconds))
 
-    def _key_rooms(self, conn: Connection, plan: LimitPlan, keys: set[str]) -> dict[str, int]:
-        from ..store.tables import execution_table
+    def _key_rooms(self, conn: Connection, plan: LimitPlan,
+                   keys: set[str]) -> dict[str, tuple[int, str]]:
+        """Each key's room, counted under its lock (keys another claim holds are left out),
+        with the limit that binds it: per_key (its WORKING rows) or rate (its rows claimed
+        in the last period)."""
+        from ..store.tables import execution_table, rate_log_table
 
-        assert plan.per_key is not None
         e = execution_table()
-        locked = self._locks(conn, plan.worker, sorted(keys), wait=False)
+        locked = sorted(self._locks(conn, plan.worker, sorted(keys), wait=False))
         if not locked:
             return {}
-        running: dict[str, int] = dict(conn.execute(
-            sa.select(e.c.flow_key, sa.func.count()).where(
-                e.c.worker == plan.worker, e.c.flow_key.in_(sorted(locked)),
-                e.c.status == "working").group_by(e.c.flow_key)).all())
-        return {k: plan.per_key - running.get(k, 0) for k in locked}
+        rooms = {k: (2**31, "per_key") for k in locked}
+        if plan.per_key is not None:
+            running: dict[str, int] = dict(conn.execute(
+                sa.select(e.c.flow_key, sa.func.count()).where(
+                    e.c.worker == plan.worker, e.c.flow_key.in_(locked),
+                    e.c.status == "working").group_by(e.c.flow_key)).all())
+            rooms = {k: (plan.per_key - running.get(k, 0), "per_key") for k in locked}
+        if plan.rate is not None and plan.rate_per_key:
+            log = rate_log_table()
+            used: dict[str, int] = {k: int(n) for k, n in conn.execute(
+                sa.select(log.c.key, sa.func.sum(log.c.claimed)).where(
+                    log.c.worker == plan.worker, log.c.key.in_(locked)).group_by(log.c.key))}
+            for k in locked:
+                left = plan.rate.limit - used.get(k, 0)
+                if left < rooms[k][0]:
+                    rooms[k] = (left, "rate")
+        return rooms
 
     def _lock_rows(self, conn: Connection, e: sa.Table, worker: str, ids: list[int]) -> set[int]:
         """The rows among ``ids`` still claimable, locked (skipping rows others hold)."""

@@ -240,6 +240,12 @@ def rated(job: KeyedJob):
     return keyed_run("rated", job)
 
 
+@worker(name="rated_per_key", source=KeyedJob, concurrency=2, key="customer", rate="2/2s",
+        rate_per_key=True)
+def rated_per_key(job: KeyedJob):
+    return keyed_run("rated_per_key", job)
+
+
 @worker(name="rated_fast", source=KeyedJob, concurrency=4, rate="50/s")
 def rated_fast(job: KeyedJob):
     return keyed_run("rated_fast", job)
