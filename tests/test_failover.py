@@ -125,6 +125,13 @@ def effect_count(cluster: replica.Cluster) -> int:
     return n
 
 
+def claims_replicated(pair: replica.ReplicaPair) -> bool:
+    """The primary's WORKING claims are on the standby too, with the same tokens."""
+    held = State(pair.primary).claims
+    there = State(pair.replica).claims
+    return bool(held) and all(there.get(s, ("",))[0] == token for s, (token, _) in held.items())
+
+
 def both_children_in_a_handler(cluster: replica.Cluster) -> bool:
     """Two sessions inside a handler for 0.3 s or more (its effect inserted, not committed:
     a handler, not only a row claimed and queued in a child)."""
@@ -176,6 +183,11 @@ def run_failover(pair: replica.ReplicaPair, tmp_path, scenario: str, synchronous
             wait_for(lambda: effect_count(pair.primary) >= cut_at + 15, timeout=30,
                      interval=0.05)
         elif stall:
+            # The claims first reach the standby (committed with synchronous_commit off,
+            # they may trail the handlers by a moment: CI of 3303eb8 cut the stream before
+            # they arrived, and the claims, not renewals, were what the standby lacked).
+            wait_for(lambda: claims_replicated(pair) or proc.poll() is not None,
+                     timeout=30, interval=0.05)
             # The coordinator renews the two handlers' leases every LEASE_SECONDS / 3: from
             # now on on the primary only, without waiting for the standby.
             pair.cut_replication()
