@@ -18,6 +18,7 @@ import pytest
 from django.utils import timezone
 
 from django_dbworker.models import CoordinatorHeartbeat, Execution
+from django_dbworker.store.engine import as_datetime
 from tests.helpers import (
     ROOT,
     effects,
@@ -290,3 +291,54 @@ def test_the_lab_cuts_kills_and_counts_when_told(tmp_path):
     assert "host-c: killed its coordinator" in result.stdout, result.stdout
     assert "rows 400, finished 400, with an effect 400, twice 0" in result.stdout, result.stdout
     assert "every row finished once" in result.stdout
+
+
+# -- (f) flow control across hosts ----------------------------------------------------------
+def test_three_hosts_keep_a_per_key_limit_and_a_rate_between_them(tmp_path):
+    """Flow control is decided in the claim, on the database: hosts that share nothing but
+    the database keep one limit. 300 KeyedJob rows in runs of 10 per key over 20 keys,
+    worked by `keyed` (per_key=1) and `rated_fast` (50/s) on three hosts at once; the
+    WORKING rows of each key are sampled every few ms, and every claim of the rate is
+    kept by the rate test's trigger."""
+    from django.db import connection
+
+    from tests.test_rate_limits import SEEN_DDL, SEEN_DROP, _run_sql
+    from tests.testapp.models import KeyedJob
+
+    rows = KeyedJob.objects.bulk_create([KeyedJob(customer=(n // 10) % 20, delay=0.01)
+                                         for n in range(300)])
+    customer_of = {str(r.pk): r.customer for r in rows}
+    names = ["host-a", "host-b", "host-c"]
+    _run_sql(SEEN_DROP[connection.vendor] + SEEN_DDL[connection.vendor])
+    try:
+        with Hosts(names, tmp_path / "logs") as hosts:
+            procs = [h.runworkers("--worker", "keyed", "--worker", "rated_fast", "--concurrency",
+                                  "keyed=2", "--concurrency", "rated_fast=2") for h in hosts]
+            most: Counter = Counter()
+            samples = 0
+            deadline = time.monotonic() + 180
+            done = Execution.objects.filter(worker__in=["keyed", "rated_fast"], status="finished")
+            while done.count() < 600:
+                assert time.monotonic() < deadline, logs(*procs)
+                assert all(p.poll() is None for p in procs), logs(*procs)
+                now = Counter(customer_of[s] for s in Execution.objects.filter(
+                    worker="keyed", status="working").values_list("source_id", flat=True))
+                for key, n in now.items():
+                    most[key] = max(most[key], n)
+                samples += 1
+                time.sleep(0.003)
+            claimers = set(Execution.objects.filter(worker__in=["keyed", "rated_fast"])
+                           .values_list("claimed_by", flat=True))
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT at, claimed FROM dbw_test_rate_seen")
+            claims = sorted((as_datetime(at).timestamp(), n) for at, n in cursor.fetchall())
+    finally:
+        _run_sql(SEEN_DROP[connection.vendor])
+    assert max(most.values()) <= 1 and samples > 100, (most, samples)
+    for worker in ("keyed", "rated_fast"):
+        assert effects(worker) == {str(r.pk): 1 for r in rows}, worker
+    assert {c.rsplit(":", 1)[0] for c in claimers} == set(names), claimers  # every host took part
+    busiest = max(sum(n for at, n in claims[i:] if at < start + 1.0)
+                  for i, (start, _) in enumerate(claims))
+    assert sum(n for _, n in claims) >= 300 and busiest <= 50, busiest
+    print(f"\n3 hosts: per_key=1 held over {samples} samples; 50/s: busiest second {busiest}")
