@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-MAX_KEY = 255  # Task.flow_key
+from .values import key_text
 
 _keys: dict[str, Callable[..., Any]] = {}
 
@@ -43,11 +43,5 @@ def key_of(task_path: str, args: Any, kwargs: Any) -> str | None:
     key = _keys.get(task_path)
     if key is None:
         return None
-    value = key(*args, **kwargs)
-    if value is None:
-        return None
-    text = str(value)
-    if len(text) > MAX_KEY:
-        raise ValueError(f"The flow key of task {task_path} is {len(text)} characters, over "
-                         f"{MAX_KEY}: have @flow_key return something shorter.")
-    return text
+    return key_text(key(*args, **kwargs), f"The flow key of task {task_path}",
+                    "have @flow_key return something shorter")

@@ -29,6 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from ..status import ExecutionStatus
+from .values import key_text
 
 Among = Literal["pending", "pending_or_running"]
 AMONG: dict[str, tuple[ExecutionStatus, ...]] = {
@@ -37,7 +38,6 @@ AMONG: dict[str, tuple[ExecutionStatus, ...]] = {
     "pending_or_running": (ExecutionStatus.PENDING, ExecutionStatus.UNFINISHED,
                            ExecutionStatus.WORKING),
 }
-MAX_KEY = 255  # TaskUniqueKey.key
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +55,9 @@ class UniqueRule:
         if self.key is None:
             stored = json.dumps([args, kwargs], sort_keys=True, separators=(",", ":"))
             return hashlib.sha256(stored.encode()).hexdigest()
-        value = self.key(*original[0], **original[1])
-        if value is None:
-            return None
-        text = str(value)
-        if len(text) > MAX_KEY:
-            raise ValueError(f"The unique key of task {task_path} is {len(text)} characters, "
-                             f"over {MAX_KEY}: have key= return something shorter (a digest).")
-        return text
+        return key_text(self.key(*original[0], **original[1]),
+                        f"The unique key of task {task_path}",
+                        "have key= return something shorter (a digest)")
 
 
 _rules: dict[str, UniqueRule] = {}

@@ -100,3 +100,18 @@ def _too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
             return True
         stack.extend((child, above + 1) for child in children)
     return False
+
+
+MAX_KEY = 255  # TaskUniqueKey.key, Task.flow_key
+
+
+def key_text(value: Any, what: str, fix: str) -> str | None:
+    """A key a declaration's function returned, as stored: its text (None stays None: no
+    key), or the error that it is longer than a key column holds. ``what`` names the key
+    ("The unique key of task app.tasks.f"), ``fix`` says what to change."""
+    if value is None:
+        return None
+    text = str(value)
+    if len(text) > MAX_KEY:
+        raise ValueError(f"{what} is {len(text)} characters, over {MAX_KEY}: {fix}.")
+    return text
