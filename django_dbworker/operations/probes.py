@@ -436,6 +436,10 @@ class ProbeServer:
             self._wanted.clear()
             if self._stopping:
                 return
-            self.backlog.refresh()
+            # Only if still stale: the server's thread may have asked just as the read
+            # before ended (it saw the figures stale, then this thread's _refreshing =
+            # False, and asked again). Either way its waiting scrapes are answered.
+            if self.backlog.stale():
+                self.backlog.refresh()
             self._refreshing = False
             self._wake()
