@@ -210,7 +210,7 @@ def _limits(w: Any, executions: QuerySet[Execution], s: WorkerSummary, now: date
             lines.append(f"rate {rate} per {w.key}: {full} key{'s' if full != 1 else ''} at "
                          "their rate")
         else:
-            used = sum(window.values_list("claimed", flat=True))
+            used = window.aggregate(n=Sum("claimed"))["n"] or 0
             lines.append(f"rate {rate}: {used} claimed in the last {rate.seconds:g} s"
                          f"{held(used >= rate.limit)}")
     return lines

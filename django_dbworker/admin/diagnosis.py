@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import connections
-from django.db.models import Exists
+from django.db.models import Exists, Min, Sum
 from django.db.models.sql.where import WhereNode
 
 from .. import conf
@@ -134,11 +134,12 @@ def _rate(w: Worker, database: str, now: Any, execution: Execution, pk: Any) -> 
             return Finding("rate", False, f"Its {w.key} is empty: no rate per key applies.")
         window = window.filter(key=text)
         detail += f" per {w.key}, {w.key} {text}"
-    used = sum(window.values_list("claimed", flat=True))
+    # (Summed by the database: a period of a busy rate holds many entries.)
+    found = window.aggregate(used=Sum("claimed"), oldest=Min("at"))
+    used, oldest = found["used"] or 0, found["oldest"]
     detail += f": {used} claimed in the last {rate.seconds:g} s"
     held = execution.status in ("pending", "unfinished") and used >= rate.limit
     if held:
-        oldest = min(window.values_list("at", flat=True))
         wait = (oldest + timedelta(seconds=rate.seconds) - now).total_seconds()
         detail += f"; the next row may be claimed in {max(wait, 0.0):.1f} s"
     return Finding("rate", held, detail + ".")

@@ -72,7 +72,7 @@ class DatabaseBackend(BaseTaskBackend):
         else:
             done = uniqueness.enqueue(_database(), rule, key, fields)
             if not done.added:  # the task holding the key: nothing was enqueued
-                return self.get_result(str(done.row.pk))
+                return to_result(done.row, done.execution)
             row = done.row
         result = to_result(row, None, task)
         task_enqueued.send(type(self), task_result=result)

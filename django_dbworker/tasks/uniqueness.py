@@ -112,10 +112,12 @@ def rule_for(task_path: str) -> UniqueRule | None:
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """What a unique enqueue did: ``row`` is the new Task (``added``) or the held one."""
+    """What a unique enqueue did: ``row`` is the new Task (``added``) or the held one,
+    with its Execution as read under the key's lock (None for a new task)."""
 
     row: Any
     added: bool
+    execution: Any = None
 
 
 def enqueue(database: str, rule: UniqueRule, key: str, fields: dict[str, Any]) -> Enqueued:
@@ -152,7 +154,7 @@ def enqueue(database: str, rule: UniqueRule, key: str, fields: dict[str, Any]) -
                                  source_id=_source_id(database, held.pk)).first())
         if held is not None and execution is not None and execution.status in AMONG[rule.among]:
             if rule.debounce is None:
-                return Enqueued(held, added=False)
+                return Enqueued(held, added=False, execution=execution)
             run_after = _debounced(rule.debounce)
             # (Bound as the ORM binds a DateTimeField: SQLite stores naive UTC text.)
             until = connections[database].ops.adapt_datetimefield_value(run_after)
@@ -160,7 +162,7 @@ def enqueue(database: str, rule: UniqueRule, key: str, fields: dict[str, Any]) -
                 TaskRow.objects.using(database).filter(pk=held.pk).update(
                     args=fields["args"], kwargs=fields["kwargs"], run_after=run_after)
                 held.args, held.kwargs, held.run_after = fields["args"], fields["kwargs"], run_after
-                return Enqueued(held, added=False)
+                return Enqueued(held, added=False, execution=execution)
         if rule.debounce is not None:
             fields = {**fields, "run_after": _debounced(rule.debounce)}
         row = TaskRow.objects.using(database).create(id=uuid.uuid4(), **fields)

@@ -270,7 +270,7 @@ class ClaimWithinLimits:
             if plan.keyed and r.dbw_key is not None:
                 if left.get(r.dbw_key, 0) <= 0:
                     # Over its key's limit or rate, or its key is another claim's now.
-                    held[rooms[r.dbw_key][1] if r.dbw_key in rooms else "per_key"] += 1
+                    held[rooms[r.dbw_key][1]] += 1  # (every key seen is in rooms)
                     continue
                 left[r.dbw_key] -= 1
             picked.append(r)
