@@ -427,3 +427,35 @@ def claim_sql(bridge, worker, limit: int = 1) -> str:
 def execute(bridge, sql: str) -> list:
     with bridge.engine.connect() as conn:
         return list(conn.exec_driver_sql(sql).all())
+
+
+def at_once(threads: int, rounds: int, step: Callable[[int], list]) -> list:
+    """``step(n)`` in ``threads`` threads, each with a database connection of its own,
+    ``rounds`` times, every round started together (a barrier); every value the steps
+    returned, in the order they came. An error in a thread fails the caller."""
+    import threading
+
+    from django.db import connections
+
+    barrier = threading.Barrier(threads)
+    found: list = []
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            for _ in range(rounds):
+                barrier.wait(timeout=60)
+                found.extend(step(n))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            connections.close_all()
+
+    pool = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=180)
+    assert not errors, errors
+    return found

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, connections
 
 from django_dbworker.models import Execution, FlowLock
-from tests.helpers import claim, effects
+from tests.helpers import at_once, claim, effects
 from tests.processes import Coordinators
 from tests.testapp.models import KeyedJob
 
@@ -90,31 +90,10 @@ def test_the_rows_behind_a_key_at_its_limit_run():
 def sampled_claims(worker: str, threads: int, rounds: int, ask: int) -> list[str]:
     """``threads`` claimers, each with a connection of its own, claim ``ask`` rows
     ``rounds`` times at once (a barrier before each round); returns every row claimed."""
-    barrier = threading.Barrier(threads)
-    claimed: list[str] = []
-    errors: list[BaseException] = []
-
-    def claimer(n: int) -> None:
-        try:
-            for _ in range(rounds):
-                barrier.wait(timeout=60)
-                # (A lease, and so an idle-in-transaction limit, far longer than a
-                # thread may wait for the CPU between two statements on a loaded machine.)
-                claimed.extend(c.source_id for c in claim(worker, ask, claimer=f"thread:{n}",
-                                                          lease_seconds=120))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            barrier.abort()
-        finally:
-            connections.close_all()
-
-    pool = [threading.Thread(target=claimer, args=(n,)) for n in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=120)
-    assert not errors, errors
-    return claimed
+    # (A lease, and so an idle-in-transaction limit, far longer than a thread may wait
+    # for the CPU between two statements on a loaded machine.)
+    return at_once(threads, rounds, lambda n: [c.source_id for c in claim(
+        worker, ask, claimer=f"thread:{n}", lease_seconds=120)])
 
 
 @pytest.mark.solo  # (threads racing on purpose: alone, not beside another lane)

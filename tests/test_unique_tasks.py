@@ -19,7 +19,7 @@ from django.utils import timezone
 from django_dbworker.models import Execution, Task, TaskUniqueKey
 from django_dbworker.tasks import unique, uniqueness
 from django_dbworker.tasks.compat import TaskResultStatus
-from tests.helpers import drain, effects
+from tests.helpers import at_once, drain, effects
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,29 +122,14 @@ def _race(enqueue, threads: int) -> list[str]:
     """``threads`` enqueues at once, each in a transaction of its own (with a connection
     of its own) that stays open a moment after its enqueue, so the others pile up on the
     key. Returns the result ids."""
-    barrier = threading.Barrier(threads)
-    ids: list[str] = []
-    errors: list[BaseException] = []
 
-    def one() -> None:
-        try:
-            barrier.wait(timeout=60)
-            with transaction.atomic():
-                ids.append(enqueue().id)
-                time.sleep(0.02)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            barrier.abort()
-        finally:
-            connections.close_all()
+    def one(n: int) -> list[str]:
+        with transaction.atomic():
+            found = [enqueue().id]
+            time.sleep(0.02)
+        return found
 
-    pool = [threading.Thread(target=one) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=180)
-    assert not errors, errors
-    return ids
+    return at_once(threads, 1, one)
 
 
 @pytest.mark.solo  # (50 connections racing on purpose: alone, not beside another lane)
