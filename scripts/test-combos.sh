@@ -4,12 +4,16 @@
 # its lanes, beside the databases' ones). Each pair gets a venv of its own under
 # .venv-combos/. With CI=true a Python that cannot be found is a failure.
 #
-# These runs are about what changes with Python and Django: every API, the admin, the
-# tasks backend (django.tasks or the backport), schedules, signals and kills. They leave
-# out the modules whose subject is the database and the operating system under load --
-# repeated drains on a busy machine, the stress run, a crash at every failpoint, and the
-# PostgreSQL-only hosts, failover and PgBouncer modules -- which the main run covers on
-# every database, and which would double CI's time. DBWORKER_TEST_COMBOS_ALL=1 runs them too.
+# These runs are about what changes with Python and Django: every API, the admin and its
+# pages in a browser, the tasks backend (django.tasks or the backport) with what we add
+# to it (@unique, @flow_key, @periodic, a queue's PER_KEY, FAIR, RATE: the flow-control,
+# fair-share, rate and schedule modules), checks, settings, migrate, the test runner,
+# handlers in real children, signals and probes. They leave out the modules whose
+# subject is the database and the operating system alone -- claims and their plans,
+# crashes and kills, leases, wake-ups, outages, reruns, repeated drains on a busy
+# machine, the stress run, and the PostgreSQL-only hosts, failover and PgBouncer modules
+# -- which the main run covers on every database: they test the same SQL and the same
+# processes whatever the Django. DBWORKER_TEST_COMBOS_ALL=1 runs them too.
 set -uo pipefail
 # Each supported Python and each supported Django runs at least once: the main run is
 # 3.13 with 6.1, this one 3.12 with 5.2 LTS. The other pairings cost CI about seven minutes
@@ -17,7 +21,10 @@ set -uo pipefail
 COMBOS=${DBWORKER_TEST_COMBOS:-"3.12:5.2"}
 LEFT_OUT=()
 if [ -z "${DBWORKER_TEST_COMBOS_ALL:-}" ]; then
-  for module in test_drain test_stress test_crash_points test_hosts test_failover test_pgbouncer; do
+  for module in test_changewait test_claims test_crash test_crash_points test_doorbell test_drain \
+                test_failover test_faults test_flow_plans test_hosts test_listener test_noise \
+                test_one_clock test_outage test_pgbouncer test_poison test_pool test_reruns \
+                test_retry_paths test_stress test_wakeups; do
     LEFT_OUT+=("--ignore=tests/$module.py")
   done
 fi

@@ -95,7 +95,7 @@ if os.environ.get("DBWORKER_FAILPOINT"):
 TASKS = {
     "default": {
         "BACKEND": "django_dbworker.tasks.DatabaseBackend",
-        "QUEUES": ["default", "emails", "retries", "crashes", "capped", "keyed"],
+        "QUEUES": ["default", "emails", "retries", "crashes", "capped", "keyed", "fair"],
         "OPTIONS": {
             "CONCURRENCY": 2,
             "QUEUE_OPTIONS": {
@@ -104,6 +104,7 @@ TASKS = {
                 "crashes": {"CONCURRENCY": 1, "MAX_ATTEMPTS": 2, "RETRY_BACKOFF": 1},
                 "capped": {"CONCURRENCY": 2, "TOTAL": 1, "RATE": "600/m"},  # test_flow_control, test_rate_limits
                 "keyed": {"CONCURRENCY": 2, "PER_KEY": 1},  # tests/test_flow_control.py
+                "fair": {"CONCURRENCY": 2, "FAIR": True},  # tests/test_fair_shares.py
             },
         },
     },

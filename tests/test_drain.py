@@ -19,7 +19,9 @@ from tests.testapp.models import Stepper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REPEATS = 13  # per case: 52 drains in all, under load
+# Per case: 24 drains in all, under load. The reported bug ended 6 drains in 9 early; at
+# that rate 6 in a row all pass about once in 700 (13 each cost CI 250 s a database).
+REPEATS = 6
 
 
 def counters():

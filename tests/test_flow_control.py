@@ -305,6 +305,44 @@ def test_a_claim_of_a_capped_worker_waits_for_the_claim_before_it(monkeypatch):
     assert working("capped") == {str(early.pk), str(last.pk), str(retry1.pk)}
 
 
+def test_a_frozen_holder_of_the_workers_lock_row_stops_no_claim_for_long():
+    """A claimer that froze while it held the worker's lock row (a coordinator stopped
+    mid-claim; here a transaction left open): another claim of the worker gives up after
+    LOCK_WAIT_SECONDS with the database's lock-timeout error, which the coordinator
+    retries as contention, instead of waiting for ever (PostgreSQL has no lock timeout
+    by default; MariaDB's is 50 s)."""
+    from django_dbworker.registration.registry import registry
+    from django_dbworker.store.bridge import Bridge
+    from django_dbworker.store.engine import DATABASE_ERRORS
+    from django_dbworker.vendors import for_connection
+    from django_dbworker.vendors.claiming import ClaimWithinLimits
+
+    skip_one_writer()
+    jobs([None] * 2)
+    claim("capped", 1)  # (makes the worker's lock row)
+    frozen = connections.create_connection("default")
+    qn = frozen.ops.quote_name
+    try:
+        frozen.set_autocommit(False)
+        with frozen.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {qn(FlowLock._meta.db_table)} WHERE worker = %s "
+                           f"AND {qn('key')} = %s FOR UPDATE", ["capped", ""])
+        bridge = Bridge()
+        started = time.monotonic()
+        try:
+            with pytest.raises(DATABASE_ERRORS) as failed:
+                bridge.claim(registry["capped"], 1, "other:1")
+        finally:
+            bridge.close()
+        waited = time.monotonic() - started
+    finally:
+        frozen.rollback()
+        frozen.close()
+    assert for_connection(connection).is_deadlock(failed.value), failed.value  # retried
+    bound = ClaimWithinLimits.LOCK_WAIT_SECONDS
+    assert bound - 0.5 <= waited < bound + 10, waited
+
+
 def test_a_claim_counts_the_rows_each_limit_passed_over():
     """What /metrics shows as dbworker_throttled_rows, by the limit that held them."""
     from django_dbworker.registration.registry import registry

@@ -207,7 +207,49 @@ def rows_a_frozen_coordinator_holds_locked_wait_at_most_a_lease(tmp_path, env=No
           f"({drains} drains)")
 
 
+# -- flow control across a restart ------------------------------------------------------------
+def per_key_limits_hold_across_a_server_restart():
+    """Two coordinators run `keyed` (per_key=1) over 300 rows of 10 keys in runs; the server
+    restarts mid-run. The WORKING rows of each key, sampled every few ms before, during
+    (when the database answers) and after, never exceed 1, and every row runs once: a
+    limit's state is the rows themselves (and FlowLock rows), nothing a restart loses."""
+    from tests.processes import Coordinators
+    from tests.testapp.models import KeyedJob
+
+    stop, start = server_stop_start(connection.vendor, server_url())
+    rows = [KeyedJob.objects.create(customer=(n // 10) % 10, delay=0.02) for n in range(300)]
+    customer_of = {str(r.pk): r.customer for r in rows}
+    group = Coordinators(2, "--worker", "keyed", "--concurrency", "keyed=2")
+    group.wait_started()
+    most: Counter = Counter()
+
+    def sample() -> bool:
+        """One sample of WORKING per key; whether every row is finished (False while the
+        database does not answer)."""
+        try:
+            running = Counter(customer_of[s] for s in Execution.objects.filter(
+                worker="keyed", status="working").values_list("source_id", flat=True))
+            for key, n in running.items():
+                most[key] = max(most[key], n)
+            return _finished("keyed") == len(rows)
+        except DatabaseError:
+            connections.close_all()
+            return False
+
+    wait_for(lambda: sample() or _finished("keyed") >= 60, timeout=120, interval=0.005)
+    connections.close_all()
+    run_command(stop)
+    time.sleep(2)
+    run_command(start)
+    wait_for(_accepts_connections, timeout=120, interval=0.1)
+    wait_for(sample, timeout=240, interval=0.005)
+    assert group.stop() == [0, 0], group.report()
+    assert max(most.values()) <= 1, most
+    assert effects("keyed") == dict.fromkeys(customer_of, 1)
+
+
 if SERVER:
+    test_per_key_limits_hold_across_a_server_restart = per_key_limits_hold_across_a_server_restart
     test_a_server_that_does_not_answer_is_waited_for_then_reported_in_one_line = (
         a_server_that_does_not_answer_is_waited_for_then_reported_in_one_line)
     test_a_coordinator_started_while_the_server_is_down_waits_then_works = (

@@ -119,7 +119,7 @@ def test_workers_py_is_autodiscovered():
 
 @pytest.mark.parametrize("options,message", [
     ({"per_key": 1}, "per_key=1 needs key=, the field whose value the limit counts by"),
-    ({"key": "author"}, "key='author' is given without per_key= or rate_per_key=; give per_key=N"),
+    ({"key": "author"}, "key='author' is given without per_key=, rate_per_key= or fair=; give per_key=N"),
     ({"key": "nope", "per_key": 1}, "key names 'nope', which Document does not have"),
     ({"key": "id", "per_key": 1}, "key field 'id' must be a concrete column of Document other than"),
     ({"key": "author", "per_key": 0}, "per_key must be an int >= 1"),

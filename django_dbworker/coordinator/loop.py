@@ -47,6 +47,17 @@ if TYPE_CHECKING:
     from ..operations.probes import ProbeServer
 
 logger = logging.getLogger("django_dbworker.coordinator")
+# The least wait for a rate's next token. A token due now (its wait 0: the oldest claim
+# left the window between the count and the reading of its age) is a deadline of this
+# very pass, which _timeout, keeping only deadlines after now, dropped: the loop then
+# slept to its next periodic deadline, and two coordinators at 50/s sat idle for 8 s.
+RATE_WAIT_LEAST = 0.001
+
+
+def token_wait(rate_wait: float | None) -> float | None:
+    """How long a worker whose rate is used up waits for its next token (None: no rate
+    holds it back): never 0, which would be a deadline the loop drops."""
+    return None if rate_wait is None else max(rate_wait, RATE_WAIT_LEAST)
 RELEASE_PATIENCE_SECONDS = 10.0  # at shutdown, for releases the database refused
 STATS = list(EVENTS)  # the stats line: every event the metrics count, in one order
 
@@ -341,7 +352,7 @@ class Coordinator:
                 if claims is None:
                     return  # the database failed: the outage (or wait) is under way
                 self.due.claimed(pool.worker, bool(claims))
-                rate_wait = self.bridge.rate_wait(pool.worker)
+                rate_wait = token_wait(self.bridge.rate_wait(pool.worker))
                 if claims:
                     failpoints.reached("coordinator.after_claim")
                     self.events.count(pool.worker.name, "claimed", len(claims))

@@ -139,6 +139,9 @@ def install(using: str, workers: Iterable[Worker] | None = None,
                     report(f"{cursor.rowcount} existing rows of {w.source._meta.label} are now "
                            f"pending for worker {label}")
             cursor.execute(*cleanup_sql(vendor, w))
+            if w.fair:
+                # Rows made claimable before the worker had its key (fair_key_sql).
+                cursor.execute(*fair_key_sql(vendor, w))
             _reconcile_rerun_every(vendor, w)
     if everything:
         _report_removed_workers(using, {w.name for w in registry.values()}, report)
@@ -200,4 +203,21 @@ def cleanup_sql(vendor: Vendor, w: Worker) -> tuple[str, list[Any]]:
     return bound.statement(
         f"DELETE FROM {ex} WHERE worker = {bound(w.name)} AND status <> 'working' "
         f"AND NOT EXISTS (SELECT 1 FROM {qn(w.table)} s WHERE s.{qn(w.pk_column)} = {key})"
+    )
+
+
+def fair_key_sql(vendor: Vendor, w: Worker) -> tuple[str, list[Any]]:
+    """Give ``w``'s claimable rows without a key the key of their source row (sql,
+    params). The triggers write it for the rows they make; rows made before the worker
+    declared its key would otherwise take their turns in a fair claim as one group, the
+    rows without a key."""
+    assert w.key_column is not None
+    qn, bound = vendor.qn, Bound()
+    ex = qn(EXECUTION_TABLE)
+    pk = vendor.key_from_text_sql(w.pk_field, f"{ex}.source_id")
+    value = vendor.text_key_sql(f"s.{qn(w.key_column)}")
+    return bound.statement(
+        f"UPDATE {ex} SET flow_key = (SELECT {value} FROM {qn(w.table)} s "
+        f"WHERE s.{qn(w.pk_column)} = {pk}) "
+        f"WHERE worker = {bound(w.name)} AND claimable_worker IS NOT NULL AND flow_key IS NULL"
     )

@@ -58,6 +58,7 @@ OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rate": (lambda v: v is None or is_rate(v),
              "a rate such as '100/m' (N per s, m or h, or per k seconds: '10/30s')"),
     "rate_per_key": (lambda v: isinstance(v, bool), "True or False"),
+    "fair": (lambda v: isinstance(v, bool), "True or False"),
 }
 
 
@@ -85,6 +86,7 @@ class Worker:
     total: int | None = None  # at most this many rows of the worker WORKING, every host
     rate: str | None = None  # at most this many claims in any window of the period ("100/m")
     rate_per_key: bool = False  # the rate holds for each key apart, not for the worker
+    fair: bool = False  # claims take turns across keys (round-robin), not rows in id order
     options: dict[str, Any] = field(default_factory=dict)
     # Claims order by priority first (task queues); row workers claim in creation order.
     prioritized = False
@@ -128,7 +130,7 @@ class Worker:
         meta = self.source._meta
         return TriggerSource(
             base=self.name, table=self.table, pk_column=self.pk_column, pk_field=self.pk_field,
-            worker=lambda row, constant: constant(self.name),
+            worker=lambda row, constant: constant(self.name), key_column=self.key_column,
             rerun_on=tuple(str(meta.get_field(f).column)  # type: ignore[union-attr]
                            for f in self.rerun_on))
 
@@ -146,8 +148,9 @@ class Worker:
     @property
     def limited(self) -> bool:
         """Whether claims must respect a limit shared by every host (per_key, total,
-        rate)."""
-        return self.per_key is not None or self.total is not None or self.rate is not None
+        rate), or take turns across keys (fair)."""
+        return (self.per_key is not None or self.total is not None or self.rate is not None
+                or self.fair)
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -314,15 +317,17 @@ def _check_flow(name: str, source: type[models.Model], options: dict[str, Any]) 
         raise ImproperlyConfigured(
             f"Worker {name!r}: rate_per_key=True needs rate=, the rate each key gets "
             "(e.g. rate='10/m').")
-    if (per_key is not None or per_key_rate) and key is None:
-        what = f"per_key={per_key}" if per_key is not None else "rate_per_key=True"
+    fair = bool(options.get("fair"))
+    if (per_key is not None or per_key_rate or fair) and key is None:
+        what = (f"per_key={per_key}" if per_key is not None
+                else "rate_per_key=True" if per_key_rate else "fair=True")
         raise ImproperlyConfigured(
             f"Worker {name!r}: {what} needs key=, the field whose value the "
             "limit counts by (e.g. key='customer').")
-    if key is not None and per_key is None and not per_key_rate:
+    if key is not None and per_key is None and not per_key_rate and not fair:
         raise ImproperlyConfigured(
-            f"Worker {name!r}: key={key!r} is given without per_key= or rate_per_key=; "
-            "give per_key=N (at most N rows of one key run at once).")
+            f"Worker {name!r}: key={key!r} is given without per_key=, rate_per_key= or "
+            "fair=; give per_key=N (at most N rows of one key run at once).")
     if key is not None:
         _check_column(name, source, key, "key")
 

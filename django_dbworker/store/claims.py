@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from ..processes.protocol import Claim
 from ..registration.registry import Worker
 from ..vendors import Vendor
-from ..vendors.claiming import ClaimWithinLimits
+from ..vendors.claiming import FAIR_KEY, FAIR_NULL_ROWS, FAIR_ROWS, ClaimWithinLimits, FairKeys
 from . import engine as engines
 from . import transitions
 from .tables import execution_table
@@ -108,6 +108,10 @@ class Claims:
         self.rate_waits: dict[str, float] = {}
         # Limited workers: the candidates the last claim passed over, by limit (/metrics).
         self.throttled: dict[str, dict[str, int]] = {}
+        # Fair workers: the key the next claim's turns start after (None: the first).
+        self.fair_after: dict[str, str | None] = {}
+        # Limited workers: the first candidate the last claim read (its next floor).
+        self.first_candidate: dict[str, int] = {}
 
     def writing(self) -> Any:
         return engines.writing(self.engine, self.vendor)
@@ -130,8 +134,11 @@ class Claims:
         sql, params = values.query.get_compiler(using=self.alias).as_sql()
         return EligibleSql(sql, tuple(params), tuple(terms))
 
-    def _candidates(self, worker: Worker, limit: int, compiled: EligibleSql | None,
-                    floored: bool = True) -> tuple[sa.Select[Any], bool]:
+    def _candidates(self, worker: Worker, limit: Any, compiled: EligibleSql | None,
+                    floored: bool = True,
+                    of_key: sa.ColumnElement[bool] | None = None) -> tuple[sa.Select[Any], bool]:
+        """The worker's claimable rows in claim order, up to ``limit``; ``of_key``: only
+        the rows of one key (a condition on flow_key: a fair claim's turn)."""
         e = self.execution
         # Served by the index on (claimable_worker, id) that holds claimable rows only
         # (rows waiting for a due time are not in it: see promote_due).
@@ -142,6 +149,10 @@ class Claims:
         terms = list(compiled.terms) if compiled is not None else []
         index = ("dbworker_claimable_priority" if worker.prioritized and not terms
                  else "dbworker_claimable")
+        if of_key is not None:
+            # (claimable_worker, flow_key, priority DESC, id): one key's rows, in order.
+            stmt, index = stmt.where(of_key), "dbworker_claimable_key"
+            default_order, floored = [e.c.priority.desc(), e.c.id], False
         hint = self.vendor.index_hint(index)
         if hint:
             stmt = stmt.with_hint(e, hint)
@@ -203,6 +214,8 @@ class Claims:
         params = {TOKEN: token, CLAIMER: claimer}
         if not built.floored:
             rows = built.operation.run(self, built.plan, params)
+        elif worker.limited:
+            rows = self._claim_within_floor(worker, built, params)
         else:
             rows = self._claim_from_floor(worker, limit, built, params)
         return [Claim(r[0], r[1], token, r[2], r[3], engines.epoch(r[4]), r[5], worker.name)
@@ -237,6 +250,26 @@ class Claims:
             self._floors[worker.name] = (min(r[0] for r in rows), since)
         return rows
 
+    def _claim_within_floor(self, worker: Worker, built: ClaimStatement,
+                            params: dict[str, Any]) -> list[tuple[int, str, str, int, Any, int]]:
+        """A limited claim from its floor: the first candidate the last claim read (no row
+        below it was claimable then), for FLOOR_SECONDS at most. Without it, PostgreSQL
+        walked the primary key from the start and filtered, passing over every row claimed
+        before in the drain (10,000 a claim, tests/test_flow_plans.py). A row that becomes
+        claimable below it (a retry, a row given back) waits for the next claim from the
+        start, at most FLOOR_SECONDS; a short claim does not look again at once, as an
+        unlimited one does: a limit, not an empty backlog, is what makes it short."""
+        now = time.monotonic()
+        last = self._floors.get(worker.name)
+        floor, since = last if last is not None and now - last[1] < FLOOR_SECONDS else (0, now)
+        rows = built.operation.run(self, built.plan, {**params, FLOOR: floor})
+        first = self.first_candidate.pop(worker.name, None)
+        if first is None:
+            self._floors.pop(worker.name, None)  # nothing to claim from here: the start next
+        else:
+            self._floors[worker.name] = (first, since)
+        return rows
+
     def _claim_statement(self, worker: Worker, limit: int) -> ClaimStatement:
         """The worker's claim, built again only when the limit or the eligible SQL
         changed: SQLAlchemy takes longer to build it than the database to run it."""
@@ -262,21 +295,74 @@ class Claims:
 
     def _limited_claim(self, worker: Worker, limit: int, eligible: EligibleSql | None,
                        values: dict[str, Any]) -> ClaimStatement:
-        """A claim under per_key/total (vendors/claiming.py's ClaimWithinLimits): its
+        """A claim under limits or fair (vendors/claiming.py's ClaimWithinLimits): its
         candidates are more rows than it may take, each with its key, since rows of keys
-        at their limit are passed over. (From the start of the backlog each time: a
-        floor would pass over the rows it skipped.)"""
+        at their limit are passed over; a keyed worker's also take turns across keys, by
+        the key index (a fair worker's always, the others' when the first rows' keys
+        were full). (From the start of the backlog each time: a floor would pass over
+        the rows it skipped.)"""
         operation = ClaimWithinLimits(self.vendor)
-        near, far = operation.scans(limit)
         key = self._key_of(worker)
-        stmt, _ = self._candidates(worker, near, eligible, floored=False)
-        wider = None
-        if far > near:
-            wider = self._candidates(worker, far, eligible, floored=False)[0].add_columns(key)
-        plan = operation.plan(stmt.add_columns(key), values, worker.name, limit,
-                              worker.per_key, worker.total, worker.rate_limit, wider, near,
-                              worker.rate_per_key)
-        return ClaimStatement(eligible, operation, plan, False)
+        turns = walk = None
+        if worker.key_column is not None:
+            turns = self._fair_turns(worker, limit, eligible, key)
+            walk = self._fair_keys(worker)
+        near = operation.near(limit)
+        floored = False
+        if worker.fair and turns is not None:
+            candidates = turns
+        else:
+            stmt, custom = self._candidates(worker, near, eligible)
+            candidates, floored = stmt.add_columns(key), not worker.prioritized and not custom
+        plan = operation.plan(candidates, values, worker.name, limit, per_key=worker.per_key,
+                              total=worker.total, rate=worker.rate_limit, turns=turns,
+                              walk=walk, scan=near, rate_per_key=worker.rate_per_key,
+                              fair=worker.fair)
+        return ClaimStatement(eligible, operation, plan, floored)
+
+    def _fair_turns(self, worker: Worker, limit: int, eligible: EligibleSql | None,
+                    key: sa.ColumnElement[Any]) -> sa.Select[Any]:
+        """A fair claim's candidates: the first rows of each of up to ``limit`` keys
+        (ClaimWithinLimits.turns: at most MAX_TURNS; bound as FAIR_KEY % i, None for no
+        turn), and of the rows without a key, each turn a
+        range of the key index, in turn order (the column dbw_turn). How many rows each
+        turn reads is bound too (FAIR_ROWS; FAIR_NULL_ROWS for the rows without a key,
+        0 when it is not their turn)."""
+        e = self.execution
+        turns: list[sa.Select[Any]] = []
+        count = ClaimWithinLimits.turns(limit)
+        for i in range(count + 1):
+            keyless = i == count
+            of_key = (e.c.flow_key.is_(None) if keyless
+                      else e.c.flow_key == sa.bindparam(FAIR_KEY % i, type_=sa.String()))
+            rows = sa.bindparam(FAIR_NULL_ROWS if keyless else FAIR_ROWS, type_=sa.Integer())
+            stmt, _ = self._candidates(worker, rows, eligible, of_key=of_key)
+            turn = stmt.add_columns(key, sa.literal(i, sa.Integer()).label("dbw_turn")).subquery(
+                f"dbw_turn{i}")
+            turns.append(sa.select(turn))
+        return sa.union_all(*turns)  # type: ignore[return-value]
+
+    def _fair_keys(self, worker: Worker) -> FairKeys:
+        """The statements that walk a keyed worker's keys in order: from the first, or
+        after the key the last claim ended at; each step one probe of the key index."""
+        qn, hint = self.vendor.qn, self.vendor.index_hint("dbworker_claimable_key") or ""
+        ex = qn(self.execution.name)
+
+        def step(after: str) -> str:
+            return (f"SELECT e.flow_key FROM {ex} e {hint} WHERE e.claimable_worker = "
+                    f":dbw_worker AND {after} ORDER BY e.flow_key LIMIT 1")
+
+        def walk(first: str) -> sa.TextClause:
+            return sa.text(
+                f"WITH RECURSIVE dbw_keys (k, n) AS (SELECT ({step(first)}), 1 UNION ALL "
+                f"SELECT ({step('e.flow_key > dbw_keys.k')}), dbw_keys.n + 1 FROM dbw_keys "
+                "WHERE dbw_keys.k IS NOT NULL AND dbw_keys.n < :dbw_count) "
+                "SELECT k FROM dbw_keys WHERE k IS NOT NULL")
+
+        first, after = "e.flow_key IS NOT NULL", "e.flow_key > :dbw_after"
+        if not self.vendor.recursive_index_probes:
+            return FairKeys(sa.text(step(first)), sa.text(step(after)), recursive=False)
+        return FairKeys(walk(first), walk(after))
 
     def _key_of(self, worker: Worker) -> sa.ColumnElement[Any]:
         """The row's key (as text) read from its source row now: the key column of the

@@ -20,7 +20,7 @@ QUEUE_SETTINGS = {"CONCURRENCY": "concurrency", "MAX_ATTEMPTS": "max_attempts",
                   "RETRY_BACKOFF": "retry_backoff", "MAX_CRASHES": "max_crashes",
                   "TIMEOUT": "timeout", "MAX_TASKS_PER_CHILD": "max_tasks_per_child",
                   "TOTAL": "total", "RATE": "rate", "PER_KEY": "per_key",
-                  "RATE_PER_KEY": "rate_per_key"}
+                  "RATE_PER_KEY": "rate_per_key", "FAIR": "fair"}
 # MAX_ARGUMENT_BYTES: the backend's limit on a task's stored arguments (backend.py).
 OPTION_KEYS = {*QUEUE_SETTINGS, "QUEUE_OPTIONS", "MAX_ARGUMENT_BYTES"}
 # What a queue name or a backend alias may hold: letters, digits, "_" and "-" ("default",
@@ -52,6 +52,6 @@ def queue_options(alias: str, params: dict[str, Any], queue: str) -> dict[str, A
         for key, field in QUEUE_SETTINGS.items():
             if key in source:
                 fields[field] = source[key]
-    if fields.get("per_key") is not None or fields.get("rate_per_key"):
+    if fields.get("per_key") is not None or fields.get("rate_per_key") or fields.get("fair"):
         fields["key"] = "flow_key"  # (Task.flow_key: what @flow_key computed at enqueue)
     return fields

@@ -91,7 +91,7 @@ class QueueWorker(Worker):
         return TriggerSource(
             base="tasks", table=Task._meta.db_table, pk_column="id", pk_field=Task._meta.pk,
             worker=name, priority=lambda row: column(row, "priority"),
-            due=lambda row: column(row, "run_after"))
+            due=lambda row: column(row, "run_after"), key_column="flow_key")
 
 
 def _connection() -> Any:

@@ -95,6 +95,9 @@ class Vendor(TriggerDDL):
     # Row locks on a SELECT: "of_table" (FOR UPDATE OF the Execution table only),
     # "rows" (FOR UPDATE: every table read), or "" (no row locks at all).
     row_locks = "of_table"
+    # Whether a recursive CTE's step can probe an index with the value the step before
+    # gave it (a fair claim's walk of keys in one statement; else one statement a key).
+    recursive_index_probes = True
     # The engine commits each statement (SQLite): writes that must commit together say
     # BEGIN IMMEDIATE ... COMMIT themselves (Bridge.writing).
     autocommit_engine = False
@@ -134,6 +137,13 @@ class Vendor(TriggerDDL):
     def literal(self, value: str) -> str:
         """``value`` as an SQL string constant, for DDL only: quotes doubled."""
         return "'" + _no_nul(value, "a value").replace("'", "''") + "'"
+
+    def bounded_lock_wait(self, conn: Any, select: Any, seconds: int) -> Any:
+        """``select`` (a locking read that waits) made to give up after ``seconds`` with
+        the database's lock-timeout error, which the coordinator retries as contention:
+        a frozen holder of the lock must not hang every claimer. Here: unbounded (the
+        server's own lock wait timeout)."""
+        return select
 
     def index_hint(self, index: str) -> str | None:
         """A table hint that makes a claim read ``index`` (None: the planner's choice)."""

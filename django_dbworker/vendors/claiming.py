@@ -18,6 +18,9 @@ from sqlalchemy.engine import Connection, Engine
 from ..registration.rates import Rate
 
 IDS = "dbw_ids"  # the ids a locking read found (the operations that UPDATE after it)
+# A fair claim's parameters: the key of turn i, how many rows a key's turn reads, and how
+# many the rows without a key read (0: not their turn).
+FAIR_KEY, FAIR_ROWS, FAIR_NULL_ROWS = "dbw_k%d", "dbw_rows", "dbw_null_rows"
 ClaimedRow = tuple[int, str, str, int, Any, int]
 
 
@@ -31,6 +34,12 @@ class ClaimDatabase(Protocol):
     # Per worker, the candidates its last claim passed over, by the limit that held them
     # ("per_key", "total", "rate"): set by ClaimWithinLimits, read by /metrics.
     throttled: dict[str, dict[str, int]]
+    # Per fair worker, the key its last claim's turns ended at (None: start from the
+    # first key): set and read by ClaimWithinLimits.
+    fair_after: dict[str, str | None]
+    # Per limited worker, the id of the first candidate its last claim read, claimed or
+    # passed over (where its next claim may start: Claims._claim_within_floor).
+    first_candidate: dict[str, int]
 
     def writing(self) -> AbstractContextManager[Connection]: ...
     def run_raw(self, compiled: Any, params: dict[str, Any]) -> list[Any]: ...
@@ -126,6 +135,37 @@ def _compiled_once(update: Any, dialect: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class FairKeys:
+    """The statements that walk a keyed worker's keys in key order: from the first key,
+    or after the key ``after``; each step is one probe of the key index, so no key's rows
+    are read to find the next key, however many it has. In one statement (a recursive
+    CTE), or, where the database cannot probe an index with a value the recursion gives
+    it (MariaDB reads the whole range then: 400 ms a claim at 100,000 rows), one
+    statement per step (``recursive`` False: ``first`` and ``after`` find one key)."""
+
+    first: sa.TextClause
+    after: sa.TextClause
+    recursive: bool = True
+
+    def walk(self, conn: Connection, worker: str, after: str | None, count: int) -> list[str]:
+        """Up to ``count`` keys after ``after`` (None: from the first key), in order."""
+        if count <= 0:
+            return []
+        if self.recursive:
+            params = {"dbw_worker": worker, "dbw_count": count, "dbw_after": after}
+            return list(conn.execute(self.first if after is None else self.after, params).scalars())
+        keys: list[str] = []
+        while len(keys) < count:
+            key = conn.execute(self.first if after is None else self.after,
+                               {"dbw_worker": worker, "dbw_after": after}).scalar()
+            if key is None:
+                break
+            keys.append(key)
+            after = key
+        return keys
+
+
+@dataclass(frozen=True)
 class LimitPlan:
     """A limited worker's claim (per_key, total) for one claim size, built once."""
 
@@ -136,11 +176,14 @@ class LimitPlan:
     per_key: int | None
     total: int | None
     rate: Rate | None = None
-    # The same candidates, further back (None: ``candidates`` reads as far already), read
-    # when the first ones' keys were full; ``scan`` is how many ``candidates`` reads.
-    wider: sa.Select[Any] | None = None
+    # A keyed worker's turns (Claims._fair_turns: the first rows of each of the next keys,
+    # which ``walk`` finds): a fair worker's candidates; for the others, read when the
+    # first ``scan`` candidates' keys were full (a key's backlog hid the keys behind it).
+    turns: sa.Select[Any] | None = None
+    walk: FairKeys | None = None
     scan: int = 0
     rate_per_key: bool = False  # the rate holds for each key apart
+    fair: bool = False  # claims take turns across keys
 
     @property
     def keyed(self) -> bool:
@@ -178,56 +221,88 @@ class ClaimWithinLimits:
     that committed before it (PostgreSQL's now() is the transaction's start)."""
 
     # How many candidates a claim reads for each row it may take: the rows of keys at
-    # their limit are skipped, and the rows behind them run. First a few (each costs a
-    # probe of its source row for its key: reading 200 made a claim of 2 rows take four
-    # times as long); further back only when those were not enough.
+    # their limit are skipped, and the rows behind them run. A few (each costs a probe of
+    # its source row for its key: reading 200 made a claim of 2 rows take four times as
+    # long); when they were not enough, the turns of the next keys (LimitPlan.turns).
     NEAR_PER_ROW, MIN_NEAR = 4, 16
-    SCAN_PER_ROW, MIN_SCAN = 8, 200
+    # How many keys a claim walks and takes turns across at most: each is one branch of
+    # the turns' UNION ALL, and a claim may be for thousands of rows (a coordinator's
+    # children times the rows each is given ahead), where SQLite refuses a compound
+    # statement of more than 500 branches and the others would read thousands of ranges.
+    # A claim of more rows than this gives each key more rows instead.
+    MAX_TURNS = 64
+    # How long a claim waits for the worker's lock row ("": total, rate) before it gives
+    # up with the database's lock-timeout error (retried as contention): a claimer frozen
+    # while it held the lock (a coordinator stopped mid-claim) must not stop every other.
+    LOCK_WAIT_SECONDS = 2
+    # How many times a claim reads its candidates again when another claim took every row
+    # it picked before it could lock them.
+    ROUNDS = 3
 
     def __init__(self, vendor: Any) -> None:
         self.vendor = vendor
 
     @classmethod
-    def scans(cls, limit: int) -> tuple[int, int]:
-        """How many candidates the first read takes, and the wider one."""
-        return (max(limit * cls.NEAR_PER_ROW, cls.MIN_NEAR),
-                max(limit * cls.SCAN_PER_ROW, cls.MIN_SCAN))
+    def turns(cls, limit: int) -> int:
+        """How many keys a claim of ``limit`` rows takes turns across at most."""
+        return min(limit, cls.MAX_TURNS)
+
+    @classmethod
+    def near(cls, limit: int) -> int:
+        """How many candidates a claim that is not fair reads first."""
+        return max(limit * cls.NEAR_PER_ROW, cls.MIN_NEAR)
 
     def plan(self, candidates: sa.Select[Any], values: dict[str, Any], worker: str,
-             limit: int, per_key: int | None, total: int | None,
-             rate: Rate | None = None, wider: sa.Select[Any] | None = None,
-             scan: int = 0, rate_per_key: bool = False) -> LimitPlan:
-        return LimitPlan(candidates, values, worker, limit, per_key, total, rate, wider, scan,
-                         rate_per_key)
+             limit: int, **limits: Any) -> LimitPlan:
+        return LimitPlan(candidates, values, worker, limit, **limits)
 
     def run(self, db: ClaimDatabase, plan: LimitPlan, params: dict[str, Any]) -> list[ClaimedRow]:
         from ..store.tables import execution_table
 
         e = execution_table()
         with self.transaction(db) as conn:
-            rows = conn.execute(plan.candidates, params).all()
-            if not rows:
-                return []
-            total_room, rate_room = self._total_room(conn, plan), self._rate_room(conn, plan)
-            room, binding = (rate_room, "rate") if rate_room < total_room else (total_room, "total")
-            if room <= 0 and plan.worker_rate is not None:
-                self._rate_wait(db, conn, plan)
+            if plan.total is not None or plan.worker_rate is not None:
+                # The worker's lock before the candidates: read after it, they are what
+                # the claim before this one left (read before, they were often that
+                # claim's rows, and this one came back empty with rows left).
+                self._locks(conn, plan.worker, [""], wait=True)
+            counted: tuple[float, str] | None = None
             rooms: dict[str, tuple[int, str]] = {}
-            picked, held = self._pick(conn, plan, rows, room, binding, rooms)
-            if (len(picked) < min(plan.limit, room) and plan.wider is not None
-                    and len(rows) >= plan.scan):
-                # The first candidates' keys were full: look further back.
-                rows = conn.execute(plan.wider, params).all()
+            for _ in range(self.ROUNDS):
+                if plan.fair:
+                    rows, turns = self._turns(db, conn, plan, params)
+                else:
+                    rows, turns = list(conn.execute(plan.candidates, params).all()), {}
+                    if rows:
+                        db.first_candidate.setdefault(plan.worker, min(r.id for r in rows))
+                if not rows:
+                    return []
+                if counted is None:
+                    counted = self._worker_room(db, conn, plan)
+                room, binding = counted
                 picked, held = self._pick(conn, plan, rows, room, binding, rooms)
-            db.throttled[plan.worker] = held
-            if not picked:
-                if held["rate"] and room > 0 and plan.rate_per_key:
-                    self._rate_wait(db, conn, plan, keys=[k for k, (n, why) in rooms.items()
-                                                          if n <= 0 and why == "rate"])
-                return []
-            ids = self._lock_rows(conn, e, plan.worker, [r.id for r in picked])
-            picked = [r for r in picked if r.id in ids]
-            if not picked:
+                if (not plan.fair and plan.turns is not None
+                        and len(picked) < min(plan.limit, room) and len(rows) >= plan.scan):
+                    # The first candidates' keys were full: the next keys' first rows,
+                    # which their index finds however long the backlog in front of them.
+                    rows, turns = self._turns(db, conn, plan, params)
+                    picked, held = self._pick(conn, plan, rows, room, binding, rooms)
+                if turns:
+                    self._turns_taken(db, plan, turns, picked)
+                db.throttled[plan.worker] = held
+                if not picked:
+                    if held["rate"] and room > 0 and plan.rate_per_key:
+                        self._rate_wait(db, conn, plan, keys=[
+                            k for k, (n, why) in rooms.items() if n <= 0 and why == "rate"])
+                    return []
+                ids = self._lock_rows(conn, e, plan.worker, [r.id for r in picked])
+                if ids:
+                    picked = [r for r in picked if r.id in ids]
+                    break
+                # Every row it picked was taken by a claim that committed after this one
+                # read them (a keyed claim reads before any lock): read again, rather than
+                # come back empty and leave the coordinator idle with rows left.
+            else:
                 return []
             room -= len(picked)
             key_of = {r.id: r.dbw_key for r in picked}
@@ -246,6 +321,60 @@ class ClaimWithinLimits:
 
     def transaction(self, db: ClaimDatabase) -> AbstractContextManager[Connection]:
         return db.writing() if self.vendor.autocommit_engine else db.engine.begin()
+
+    def _turns(self, db: ClaimDatabase, conn: Connection, plan: LimitPlan,
+               params: dict[str, Any]) -> tuple[list[Any], dict[int, tuple[int, str | None]]]:
+        """A fair claim's candidates, round-robin: the next keys after the one the last
+        claim ended at (wrapping to the first key, and then giving the rows without a key
+        a turn), each key's first rows; then the first row of every key, the second of
+        every key, and so on. Returns them with each one's turn: by row id, (turn, key), the
+        key None for the rows without one."""
+        assert plan.walk is not None and plan.turns is not None
+        after = db.fair_after.get(plan.worker)
+        count = self.turns(plan.limit)
+        keys: list[str | None] = list(plan.walk.walk(conn, plan.worker, after, count))
+        if len(keys) < count:
+            # The end of the keys: the rows without a key take their turn (one a round),
+            # then round again from the first key.
+            again = (plan.walk.walk(conn, plan.worker, None, count - len(keys))
+                     if after is not None else [])
+            keys.append(None)
+            keys += [k for k in again if k not in keys]
+        # Each turn may fill the claim, less one row for every other turn: a key alone
+        # takes the whole claim, and a thousand keys one row each; but no turn reads more
+        # than twice its even share (a claim of 4,096 rows over 64 keys reads 128 a key,
+        # not 4,033). (The rows without a key are not counted: their turn is often empty.)
+        keyed = max(sum(k is not None for k in keys), 1)
+        rows_per_turn = max(min(plan.limit - (keyed - 1), 2 * -(-plan.limit // keyed)), 1)
+        turn_params: dict[str, str | None] = {FAIR_KEY % i: None for i in range(count)}
+        turn_params.update({FAIR_KEY % i: k for i, k in enumerate(keys) if k is not None})
+        null_turn = keys.index(None) if None in keys else -1
+        rows = conn.execute(plan.turns, {
+            **params, **turn_params, FAIR_ROWS: rows_per_turn,
+            FAIR_NULL_ROWS: rows_per_turn if null_turn >= 0 else 0}).all()
+        # Turn i holds the rows of keys[i]; the keyless turn is the statement's last.
+        order = {i: i for i in range(len(keys))}
+        if null_turn >= 0:
+            order[count] = null_turn
+        ranked: list[tuple[int, int, Any]] = []
+        seen: Counter[int] = Counter()
+        for r in rows:  # (each turn's rows come in its claim order: rank them)
+            turn = order[r.dbw_turn]
+            ranked.append((seen[turn], turn, r))
+            seen[turn] += 1
+        ranked.sort(key=lambda t: (t[0], t[1]))
+        # The next claim starts after the last key walked; _turns_taken moves it back to
+        # the last key served when this claim fills up first. (None: from the first key.)
+        db.fair_after[plan.worker] = keys[-1]
+        return [r for _, _, r in ranked], {r.id: (t, keys[t]) for _, t, r in ranked}
+
+    def _turns_taken(self, db: ClaimDatabase, plan: LimitPlan,
+                     turns: dict[int, tuple[int, str | None]], picked: list[Any]) -> None:
+        """Where the next fair claim starts. A full claim: after the last key it took a
+        row of (the keys after it had no turn). Else every turn took what it could:
+        after the last key walked (``_turns`` set it)."""
+        if picked and len(picked) >= plan.limit:
+            db.fair_after[plan.worker] = max(turns[r.id] for r in picked)[1]
 
     def _pick(self, conn: Connection, plan: LimitPlan, rows: Sequence[Any], room: float,
               binding: str, rooms: dict[str, tuple[int, str]]) -> tuple[list[Any], dict[str, int]]:
@@ -278,21 +407,44 @@ class ClaimWithinLimits:
         return picked, held
 
     def _locks(self, conn: Connection, worker: str, keys: list[str], *, wait: bool) -> set[str]:
-        """Lock the FlowLock rows of these keys (made first where missing), in key order;
+        """Lock the FlowLock rows of these keys (made where missing), in key order;
         ``wait``: wait for a row another claim holds, else skip it. Returns the keys locked."""
         from ..store.tables import flow_lock_table
 
         lock = flow_lock_table()
-        mine = sa.and_(lock.c.worker == worker, lock.c.key.in_(keys))
-        present = {k for (k,) in conn.execute(sa.select(lock.c.key).where(mine))}
-        missing = sorted(set(keys) - present)
-        if missing:
-            conn.execute(self.vendor.insert_missing(
-                lock, [{"worker": worker, "key": k} for k in missing]))
-        select = sa.select(lock.c.key).where(mine).order_by(lock.c.key)
-        if self.vendor.row_locks:
-            select = select.with_for_update(skip_locked=not wait)
-        return {k for (k,) in conn.execute(select)}
+
+        def locking(these: list[str]) -> set[str]:
+            select = (sa.select(lock.c.key).where(lock.c.worker == worker, lock.c.key.in_(these))
+                      .order_by(lock.c.key))
+            if self.vendor.row_locks:
+                select = select.with_for_update(skip_locked=not wait)
+                if wait:  # (claims hold it for milliseconds: a long wait is a frozen holder)
+                    select = self.vendor.bounded_lock_wait(conn, select, self.LOCK_WAIT_SECONDS)
+            return {k for (k,) in conn.execute(select)}
+
+        # Lock first: once a key's row exists (every claim but its first), one statement.
+        locked = locking(keys)
+        rest = set(keys) - locked
+        if rest:  # each missing, or (skip_locked) held by another claim
+            present = {k for (k,) in conn.execute(sa.select(lock.c.key).where(
+                lock.c.worker == worker, lock.c.key.in_(sorted(rest))))}
+            missing = sorted(rest - present)
+            if missing:
+                conn.execute(self.vendor.insert_missing(
+                    lock, [{"worker": worker, "key": k} for k in missing]))
+                locked |= locking(missing)
+        return locked
+
+    def _worker_room(self, db: ClaimDatabase, conn: Connection,
+                     plan: LimitPlan) -> tuple[float, str]:
+        """How many rows the worker's own limits let this claim take, and which binds
+        (counted under the worker's lock, taken before the candidates were read); when
+        the rate is used up, the coordinator is told when its next token comes."""
+        total_room, rate_room = self._total_room(conn, plan), self._rate_room(conn, plan)
+        room, binding = (rate_room, "rate") if rate_room < total_room else (total_room, "total")
+        if room <= 0 and plan.worker_rate is not None:
+            self._rate_wait(db, conn, plan)
+        return room, binding
 
     def _total_room(self, conn: Connection, plan: LimitPlan) -> float:
         if plan.total is None:
@@ -300,22 +452,20 @@ class ClaimWithinLimits:
         from ..store.tables import execution_table
 
         e = execution_table()
-        self._locks(conn, plan.worker, [""], wait=True)  # (the rate's lock too)
         running = conn.execute(sa.select(sa.func.count()).select_from(e).where(
             e.c.worker == plan.worker, e.c.status == "working")).scalar_one()
         return plan.total - running
 
     def _rate_room(self, conn: Connection, plan: LimitPlan) -> float:
         """How many rows the worker's rate allows now: its count less the rows claimed in
-        the last period, under the worker's lock (older log rows are deleted on the way).
+        the last period, under the worker's lock, which run() took (older log rows are
+        deleted on the way).
         A rate per key deletes old rows here too; its count is each key's (_key_rooms)."""
         if plan.rate is None:
             return float("inf")
         from ..store.tables import rate_log_table
 
         log = rate_log_table()
-        if plan.total is None and not plan.rate_per_key:
-            self._locks(conn, plan.worker, [""], wait=True)
         conn.execute(sa.delete(log).where(log.c.worker == plan.worker,
                                           log.c.at <= self._now(-plan.rate.seconds)))
         if plan.rate_per_key:

@@ -26,6 +26,10 @@ class MySQL(Vendor):
     IDENTIFIER_QUOTE = "`"  # (ANSI_QUOTES or not: backticks always quote a name)
     nulls_order_syntax = False
     partial_indexes = False  # NULL keys of non-claimable rows sit apart at the start
+    # MariaDB 10.11 reads a recursive step's "key > the last key" as a filter over the
+    # worker's whole range of the index, not a probe (measured: 400 ms a claim at 100,000
+    # claimable rows); MySQL is not measured, so it walks as MariaDB does.
+    recursive_index_probes = False
     sqlalchemy_driver = "mysql+mysqldb"
     DEADLOCK_CODES = {1213, 1205}  # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
     # Access denied (to the database, for the user, by auth plugin), unknown database.
@@ -229,6 +233,11 @@ class MariaDB(MySQL):
     row_locks = "rows"  # MariaDB has no FOR UPDATE OF
     # It runs a loop in one statement: the change probe waits in the server (.changewait).
     pushes_changes = True
+
+    def bounded_lock_wait(self, conn: Any, select: Any, seconds: int) -> Any:
+        # FOR UPDATE WAIT n (MariaDB 10.3+): error 1205 past it. (MySQL has no such
+        # clause: its locking reads wait innodb_lock_wait_timeout, 50 s by default.)
+        return select.suffix_with(f"WAIT {int(seconds)}")
 
     def set_idle_timeout(self, cursor: Any, seconds: float) -> Any:
         cursor.execute("SELECT @@SESSION.idle_transaction_timeout")

@@ -173,6 +173,11 @@ class PostgreSQL(Vendor):
     def text_key_sql(self, column_sql: str) -> str:
         return f"CAST({column_sql} AS text)"
 
+    def bounded_lock_wait(self, conn: Any, select: Any, seconds: int) -> Any:
+        # For the rest of the claim's transaction (SQLSTATE 55P03 past it).
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(seconds)}s'")
+        return select
+
     def insert_missing(self, table: Any, rows: list[dict[str, Any]]) -> Any:
         from sqlalchemy.dialects.postgresql import insert
 

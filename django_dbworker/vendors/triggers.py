@@ -52,6 +52,9 @@ class TriggerSource:
     priority: Callable[[str], str] = field(default=lambda row: "0")
     due: Callable[[str], str] = field(default=lambda row: "NULL")
     rerun_on: Sequence[str] = ()  # column names
+    # The flow-control key's column (None: no key): a new Execution carries the key as
+    # text in flow_key, so a fair claim finds each key's rows by index.
+    key_column: str | None = None
 
     @property
     def names(self) -> TriggerNames:
@@ -72,7 +75,7 @@ class TriggerDDL:
 
     # -- triggers: a PENDING Execution row for every source row ---------------------------
     EXECUTION_COLUMNS = ("worker, source_id, status, attempts, priority, next_attempt_at, "
-                         "rerun_requested, created_at, updated_at, ready_at")
+                         "rerun_requested, created_at, updated_at, ready_at, flow_key")
 
     def pending_row_values(self, source: TriggerSource, row: str,
                            constant: Callable[[str], str] | None = None) -> str:
@@ -82,8 +85,10 @@ class TriggerDDL:
         key = self.text_key_sql(f"{row}.{self.qn(source.pk_column)}")
         due = source.due(row)
         worker = source.worker(row, constant or self.literal)
+        flow_key = ("NULL" if source.key_column is None
+                    else self.text_key_sql(f"{row}.{self.qn(source.key_column)}"))
         return (f"{worker}, {key}, 'pending', 0, {source.priority(row)}, {due}, "
-                f"{self.false_sql()}, {now}, {now}, COALESCE({due}, {now})")
+                f"{self.false_sql()}, {now}, {now}, COALESCE({due}, {now}), {flow_key}")
 
     def create_trigger_sql(self, source: TriggerSource) -> list[str]:
         """Row-level triggers (MySQL/MariaDB and SQLite; PostgreSQL uses statement-level

@@ -59,6 +59,15 @@ class KeyedJob(models.Model):
     delay = models.FloatField(default=0.0)
 
 
+class FairJob(models.Model):
+    """Rows for tests/test_fair_shares.py: the `fair` and `fair_keyed` workers take turns
+    across `tenant`; their handlers sleep `delay` seconds, then record their effect. A
+    table of its own, so its backlogs of 100,000 rows make no rows for other workers."""
+
+    tenant = models.IntegerField(null=True)
+    delay = models.FloatField(default=0.0)
+
+
 class Stepper(models.Model):
     """Rows for the drain tests: the `multi` handler adds one to `counter` per run and
     returns Unfinished() until it reaches `steps`."""

@@ -178,3 +178,10 @@ def reindex(key, version):
 @task(queue_name="keyed")
 def per_customer(customer, n):
     effect("task.per_customer", f"{customer}:{n}")
+
+
+# -- tests/test_fair_shares.py: a FAIR queue takes turns across @flow_key ------------------
+@flow_key(lambda tenant, *args, **kwargs: tenant)
+@task(queue_name="fair")
+def per_tenant(tenant, n):
+    effect("task.per_tenant", f"{tenant}:{n}")

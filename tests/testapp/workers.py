@@ -17,6 +17,7 @@ from .models import (
     Author,
     Document,
     Effect,
+    FairJob,
     FaultJob,
     KeyedJob,
     Link,
@@ -212,7 +213,7 @@ def stress(job: StressJob):
 
 
 # -- tests/test_flow_control.py: limits shared by every coordinator ------------------------
-def keyed_run(name: str, job: KeyedJob):
+def keyed_run(name: str, job: KeyedJob | FairJob):
     effect(name, job.pk)  # the business effect, in the run's transaction
     if job.delay:
         time.sleep(job.delay)
@@ -232,6 +233,24 @@ def keyed_three(job: KeyedJob):
 @worker(name="capped", source=KeyedJob, concurrency=2, total=3)
 def capped(job: KeyedJob):
     return keyed_run("capped", job)
+
+
+# -- tests/test_fair_shares.py: claims take turns across keys --------------------------------
+@worker(name="fair", source=FairJob, concurrency=4, key="tenant", fair=True)
+def fair(job: FairJob):
+    return keyed_run("fair", job)
+
+
+# (Its eligible() passes every row the tests make: it is there so that fair claims embed one.)
+@worker(name="fair_keyed", source=FairJob, concurrency=4, key="tenant", per_key=2, fair=True,
+        eligible=lambda: FairJob.objects.filter(delay__lt=100))
+def fair_keyed(job: FairJob):
+    return keyed_run("fair_keyed", job)
+
+
+@worker(name="tenant_keyed", source=FairJob, concurrency=4, key="tenant", per_key=1)  # not fair
+def tenant_keyed(job: FairJob):
+    return keyed_run("tenant_keyed", job)
 
 
 # -- tests/test_rate_limits.py ---------------------------------------------------------------

@@ -46,6 +46,19 @@ def test_a_worker_claims_at_once_after_work_or_a_wake_up_and_starts_doubling_afr
     assert (backoff.next_at, backoff.delay, backoff.exhausted) == (0.0, 0.25, False)
 
 
+@pytest.mark.parametrize("wait", [0.0, 0.0004, 0.3])
+def test_a_rates_next_token_is_a_deadline_after_now_even_when_due_at_once(wait):
+    """The loop keeps only deadlines after now (_timeout): a token due at once (a wait of
+    0) made none, and the loop slept to its next periodic deadline (8 s idle at 50/s)."""
+    from django_dbworker.coordinator.loop import token_wait
+
+    backoff, now = Backoff(0.25, 2.0), 100.0
+    backoff.wait_until(now + token_wait(wait))
+    assert now < backoff.next_at <= now + max(wait, 0.001)
+    assert not backoff.exhausted  # (rows are there: drain waits for them)
+    assert token_wait(None) is None  # no rate holds it back
+
+
 def test_a_new_worker_may_claim_at_once():
     backoff = Backoff(0.25, 2.0)
     assert (backoff.next_at, backoff.exhausted) == (0.0, False)
