@@ -14,8 +14,11 @@ when its package is missing); pickup latency (row committed -> handler starts, w
 workers) and idle CPU; history ratio (5,000 new rows with 100,000 finished rows in history
 vs none, medians of 5, default ordering and a filtered/ordered eligible()); poison row
 (10,000 rows with one whose handler kills its child every time vs none, concurrency 1 and
-2, every database, medians of 5 pairs); scale-out (1, 2, 4 `runworkers` processes on
-PostgreSQL, duplicates checked); RSS of coordinator and children.
+2, every database, medians of 5 pairs); flow control (a rate of 50/s across 2 coordinators
+for 60 s, its busiest 1-second window; the claim's cost with 100,000 rows all throttled by
+per_key=1, plain and fair, against 10,000 and against no limit, every database); scale-out
+(1, 2, 4 `runworkers` processes on PostgreSQL, duplicates checked); RSS of coordinator and
+children.
 Prints a table and writes benchmarks/results/<date>[-N][-quick][-partial].json (N: the
 day's second, third... run); results live only in these dated files.
 """
@@ -46,6 +49,7 @@ from scenarios.common import (
     run_system,
 )
 from scenarios.drain import drain_systems, peer_config
+from scenarios.flow import RATE, claim_cost, rate_accuracy
 from scenarios.history import history
 from scenarios.memory import memory
 from scenarios.pickup import pickup_systems
@@ -54,7 +58,7 @@ from scenarios.scale import scale_out
 from scenarios.summary import machine, server_versions, summarize
 from scenarios.tables import print_table
 
-SCENARIOS = ("drain", "pickup", "history", "poison", "scale", "memory")
+SCENARIOS = ("drain", "pickup", "history", "poison", "flow", "scale", "memory")
 
 
 def main() -> int:
@@ -75,6 +79,12 @@ def main() -> int:
     parser.add_argument("--poison-repeats", type=int,
                         help="pairs (poison row / none) per database and concurrency "
                              "(median; default 5, quick 1)")
+    parser.add_argument("--flow-seconds", type=float,
+                        help="seconds the rate-limited worker runs, after its first claim "
+                             "(default 60, quick 10)")
+    parser.add_argument("--flow-rows", type=int,
+                        help="throttled backlog of the claim-cost measurement, also run at "
+                             "a tenth of it (default 100,000, quick 10,000)")
     parser.add_argument("--scale-jobs", type=int)
     parser.add_argument("--memory-jobs", type=int)
     parser.add_argument("--databases", default=",".join(ALL_DBS),
@@ -102,6 +112,8 @@ def main() -> int:
     cfg.history_repeats = cfg.history_repeats or (1 if quick else 5)
     cfg.poison_jobs = cfg.poison_jobs or (2000 if quick else 10_000)
     cfg.poison_repeats = cfg.poison_repeats or (1 if quick else 5)
+    cfg.flow_seconds = cfg.flow_seconds or (10.0 if quick else 60.0)
+    cfg.flow_rows = cfg.flow_rows or (10_000 if quick else 100_000)
     cfg.scale_jobs = cfg.scale_jobs or (400 if quick else 5000)
     cfg.memory_jobs = cfg.memory_jobs or (5000 if quick else 100_000)
     only = set(cfg.only.split(","))
@@ -128,6 +140,7 @@ def main() -> int:
         "config": {k: getattr(cfg, k) for k in ("repeats", "drain_jobs", "pickup_samples", "idle_seconds",
                                                  "history_rows", "history_new", "history_repeats",
                                                  "poison_jobs", "poison_repeats",
+                                                 "flow_seconds", "flow_rows",
                                                  "scale_jobs", "memory_jobs")},
         "machine": machine(), "servers": server_versions(dbs),
     }
@@ -136,7 +149,7 @@ def main() -> int:
     report["config"]["dbworker_settings"] = settings.DBWORKER
     report["config"]["peers"] = peer_config()
     raw: dict[str, Any] = {"drain": {}, "not_run": {}, "pickup": {}, "history": {},
-                           "poison": {}, "scale_out": {}, "memory": []}
+                           "poison": {}, "flow": {}, "scale_out": {}, "memory": []}
 
     def step(label: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {label}", flush=True)
@@ -185,6 +198,15 @@ def main() -> int:
                                         follow=r == 0)
                         result["db"] = db
                         pair[key].append(result)
+    if "flow" in only:
+        # Once per database: a 60-second rate run is its own repeat (every window in it
+        # is checked), and each claim-cost figure is the median of 200 claims.
+        for db in dbs:
+            entry = raw["flow"].setdefault(DB_NAMES[db], {"db": db})
+            step(f"flow {DB_NAMES[db]}: rate {RATE} for {cfg.flow_seconds:g} s, 2 coordinators")
+            entry["rate"] = rate_accuracy(db, cfg)
+            step(f"flow {DB_NAMES[db]}: claim cost, {cfg.flow_rows:,} throttled rows")
+            entry["claim_cost"] = claim_cost(db, cfg)
     if "memory" in only and "postgres" in dbs:
         step(f"memory: one drain of {cfg.memory_jobs:,} jobs")
         raw["memory"].append(memory(cfg.memory_jobs, cfg))

@@ -1,4 +1,5 @@
-"""Rows that are the work (Job, OrderedJob, PoisonJob) and the one row a job writes (Effect)."""
+"""Rows that are the work (Job, OrderedJob, PoisonJob, KeyedJob, RateJob, FairJob), the one
+row a job writes (Effect), and the claim times of the flow scenario's rate (RateClaim)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,34 @@ class Effect(models.Model):
 class KeyedJob(models.Model):
     """Work for the `bench_keyed` worker (per_key=1 on `priority`: the harness gives each
     row one of 1,000 values). A table of its own, as PoisonJob is."""
+
+    created_ts = models.FloatField(default=0.0)
+    priority = models.IntegerField(default=0)
+    ready = models.BooleanField(default=True)
+
+
+class RateJob(models.Model):
+    """Work for the `bench_rate` worker (rate="50/s": the flow scenario). A table of its
+    own, as PoisonJob is."""
+
+    created_ts = models.FloatField(default=0.0)
+    priority = models.IntegerField(default=0)
+    ready = models.BooleanField(default=True)
+
+
+class RateClaim(models.Model):
+    """When a `bench_rate` row was claimed: its Execution's started_at, which the handler
+    reads while the row is WORKING. (Once the row finishes, started_at is when its
+    handler started, docs/concepts.md "One clock": that lags the claim, by a different
+    time for each row.)"""
+
+    job_id = models.BigIntegerField()
+    claimed_at = models.DateTimeField()
+
+
+class FairJob(models.Model):
+    """Work for the `bench_fair` worker (fair=True, per_key=1 on `priority`: the flow
+    scenario's claim cost, beside `bench_keyed`). A table of its own, as PoisonJob is."""
 
     created_ts = models.FloatField(default=0.0)
     priority = models.IntegerField(default=0)

@@ -111,7 +111,8 @@ def migrate(db: str) -> None:
 
 # -- database helpers (harness side, Django ORM on the alias of each database) -----------
 TABLES = ["benchapp_effect", "benchapp_job", "benchapp_orderedjob", "benchapp_poisonjob",
-          "benchapp_keyedjob", "django_dbworker_flowlock",
+          "benchapp_keyedjob", "benchapp_ratejob", "benchapp_rateclaim", "benchapp_fairjob",
+          "django_dbworker_flowlock", "django_dbworker_ratelog",
           "django_dbworker_execution", "django_dbworker_coordinatorheartbeat"]
 
 
@@ -168,9 +169,10 @@ def wait_for_purge(cursor: Any, limit: float = 120.0) -> None:
 
 
 def model_for(worker: str) -> Any:
-    from benchapp.models import Job, KeyedJob, OrderedJob
+    from benchapp.models import FairJob, Job, KeyedJob, OrderedJob, RateJob
 
-    return {"bench_ordered": OrderedJob, "bench_keyed": KeyedJob}.get(worker, Job)
+    return {"bench_ordered": OrderedJob, "bench_keyed": KeyedJob, "bench_rate": RateJob,
+            "bench_fair": FairJob}.get(worker, Job)
 
 
 def queue_jobs(db: str, n: int, worker: str = "bench") -> list[int]:

@@ -99,6 +99,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                            "scale_out": {}}
     if raw.get("memory"):
         out["memory"] = raw["memory"][-1]  # one long run: it is its own repeat
+    if raw.get("flow"):
+        out["flow"] = raw["flow"]  # one run per database (scenarios/flow.py): no medians
     not_run = raw.get("not_run", {})
     out["drain"], out["ceiling"] = summarize_drains(raw["drain"], not_run.get("drain", {}))
     for name, runs in raw["pickup"].items():

@@ -6,6 +6,7 @@ from typing import Any
 
 from .common import GROUP
 from .drain import ENQUEUE_SAMPLES
+from .flow import KEYS, RATE
 
 
 def fmt(v: Any, suffix: str = "") -> str:
@@ -30,7 +31,7 @@ def print_table(report: dict[str, Any]) -> None:
     print()
     for section, show in (("drain", print_drain), ("pickup", print_pickup),
                           ("history", print_history), ("poison", print_poison),
-                          ("scale_out", print_scale_out),
+                          ("flow", print_flow), ("scale_out", print_scale_out),
                           ("memory", print_memory)):
         if s.get(section):  # a partial run (--only) leaves the others out
             show(s[section], cfg)
@@ -118,6 +119,37 @@ def print_poison(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
           "one after the other; s ratio: poison / clean seconds, above 1 = slower;\n"
           "   1st start s, pause ms: the first other row's handler start after runworkers' "
           "start, the longest wait between two handler starts, clean/poison)")
+
+
+def print_flow(rows: dict[str, Any], cfg: dict[str, Any]) -> None:
+    print(f"Flow control: rate \"{RATE}\" across 2 runworkers for {cfg['flow_seconds']:g} s "
+          "(claim times: each claim's Execution.started_at, the database's clock; rows/s = rows / first "
+          "to last claim; busiest = most rows claimed in any window [t, t+1 s))")
+    print(f"  {'database':<16}{'claimed':>9}{'rows/s':>9}{'of limit':>10}{'busiest 1 s':>13}"
+          f"{'within limit':>14}{'longest pause s':>17}{'coordinators':>14}{'ran twice':>11}")
+    for name, row in rows.items():
+        r = row["rate"]
+        within = "yes" if r["within_limit"] else "NO: EXCEEDED" if r["claimed"] else "no claims"
+        print(f"  {name:<16}{fmt(r['claimed']):>9}{fmt(r['achieved_per_s']):>9}"
+              f"{two(r['of_limit']):>10}{fmt(r['busiest_window']):>13}{within:>14}"
+              f"{two(r['longest_pause_s']):>17}{r['coordinators_claiming']:>14}"
+              f"{fmt(r['ran_twice']):>11}")
+        if any(code is not None for code in r["exit_codes_before_stop"]):
+            print(f"  {'':<16}  a coordinator exited early: {r['exit_codes_before_stop']}")
+    cost = next(iter(rows.values()))["claim_cost"]
+    print()
+    print(f"Flow control: claim cost, {cost['claims']} claims of {cost['claim_limit']} rows in "
+          f"one process (ms per claim); {cost['keys']:,} keys each with one WORKING row, so "
+          "every claimable row of a limited worker is throttled and its claims take none")
+    print(f"  {'database / worker':<36}{'rows':>9}{'claimable':>11}{'p50 ms':>9}{'p95 ms':>9}"
+          f"{'taken':>8}{'p50 vs smaller':>16}")
+    for name, row in rows.items():
+        for a in row["claim_cost"]["arms"]:
+            held = "" if a.get("held_keys", KEYS) == KEYS else \
+                f"  (only {a['held_keys']} keys held: not all throttled)"
+            print(f"  {name + ' / ' + a['limits']:<36}{fmt(a['rows']):>9}"
+                  f"{fmt(a['claimable']):>11}{a['p50_ms']:>9.2f}{a['p95_ms']:>9.2f}"
+                  f"{fmt(a['taken']):>8}{two(a.get('p50_vs_smaller')):>16}{held}")
 
 
 def ms(seconds: float | None) -> int | None:
