@@ -119,7 +119,10 @@ def test_claims_racing_in_threads_never_take_more_than_a_key_allows(worker, limi
 @pytest.mark.solo
 def test_total_racing_in_threads_is_never_exceeded():
     jobs([None] * 100)
-    for _ in range(5):
+    for _ in range(10):
+        # Each repeat from no lock row: the first claims race to make it, and a claim that
+        # finds it made after its first look must still take it (CI: 4 claimed of 3).
+        FlowLock.objects.filter(worker="capped").delete()
         claimed = sampled_claims("capped", threads=6, rounds=2, ask=2)
         assert len(claimed) == 3, claimed
         Execution.objects.filter(worker="capped", status="working").update(

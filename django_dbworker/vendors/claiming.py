@@ -432,7 +432,13 @@ class ClaimWithinLimits:
             if missing:
                 conn.execute(self.vendor.insert_missing(
                     lock, [{"worker": worker, "key": k} for k in missing]))
-                locked |= locking(missing)
+            # A key waited for may be present now and not locked: another claim made its
+            # row and committed between the first statement and the look. It must be
+            # locked all the same: two claims that both went on without it both counted
+            # the same rows (a total of 3 claimed 4). A key skipped stays skipped.
+            again = sorted(rest) if wait else missing
+            if again:
+                locked |= locking(again)
         return locked
 
     def _worker_room(self, db: ClaimDatabase, conn: Connection,
