@@ -98,6 +98,16 @@ def a_coordinator_started_while_the_server_is_down_waits_then_works():
     assert "Traceback" not in output.err
 
 
+def _outage_state(worker: str, output: Output) -> str:
+    """What a failed wait shows: the worker's rows by status, and the coordinator's log."""
+    try:
+        statuses = Counter(Execution.objects.filter(worker=worker).values_list("status", flat=True))
+    except DatabaseError as exc:
+        connections.close_all()
+        statuses = f"(not readable: {exc})"
+    return f"rows: {statuses}\ncoordinator log:\n{output.err[-6000:]}"
+
+
 # -- in the middle of a run ----------------------------------------------------------------
 def a_server_restart_mid_run_is_one_outage_and_work_resumes_at_once():
     stop, start = server_stop_start(connection.vendor, server_url())
@@ -116,7 +126,8 @@ def a_server_restart_mid_run_is_one_outage_and_work_resumes_at_once():
     # (-1 is "the count itself failed": read it again until the database answers.)
     done_when_back = wait_for(lambda: (n := _finished("stress")) >= 0 and n + 1, timeout=30) - 1
     assert 0 <= done_when_back < rows, "the run ended before the outage: nothing was tested"
-    wait_for(lambda: _finished("stress") > done_when_back, timeout=30, interval=0.05)
+    wait_for(lambda: _finished("stress") > done_when_back, timeout=30, interval=0.05,
+             state=lambda: _outage_state("stress", output))
     resumed = time.monotonic() - back
     wait_for(lambda: _finished("stress") == rows or proc.poll() is not None, timeout=240,
              interval=0.5)
