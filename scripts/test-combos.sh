@@ -57,6 +57,7 @@ for combo in $COMBOS; do
       && "$venv/bin/pip" install -q -e '.[test,tasks]' "Django~=$dj.0" && touch "$venv/.installed" || {
         echo "FAIL: installing py$py dj$dj"; status=1; summary+=("py$py dj$dj: INSTALL FAILED"); continue; }
   fi
+  "$venv/bin/python" -m compileall -q -j 0 django_dbworker tests >/dev/null  # (as scripts/test.sh)
   echo "=================== tests on sqlite, Python $py, Django $("$venv/bin/python" -c 'import django; print(django.get_version())') ==================="
   DBWORKER_TEST_DB=sqlite "$venv/bin/python" -m pytest -m "$MARKS" "${LEFT_OUT[@]}" "$@"
   rc=$?
