@@ -27,6 +27,17 @@ if [ -z "${DBWORKER_TEST_COMBOS_ALL:-}" ]; then
                 test_retry_paths test_stress test_wakeups; do
     LEFT_OUT+=("--ignore=tests/$module.py")
   done
+  # And in the modules it runs, the tests whose subject is the database or processes
+  # alone: query plans (EXPLAIN over 100,000 rows), and schedules' slots under several
+  # coordinators killed or frozen (the slot table's SQL; @periodic itself runs end to
+  # end in the others). About 130 s of the lane.
+  for test in test_tasks.py::test_the_claim_plan_reads_the_priority_index_not_the_backlog_or_history \
+              test_operations.py::test_the_gauges_and_the_chart_read_indexes_not_the_history \
+              test_schedules.py::test_four_coordinators_over_twenty_slots_enqueue_exactly_twenty \
+              test_schedules.py::test_coordinators_killed_at_slot_boundaries_enqueue_every_slot_once \
+              test_schedules.py::test_a_coordinator_frozen_inside_a_slots_transaction_holds_up_no_one; do
+    LEFT_OUT+=("--deselect=tests/$test")
+  done
 fi
 # DBWORKER_TEST_MARKS: which tests (a pytest marker expression; scripts/test.sh runs the
 # solo ones apart from the rest).
