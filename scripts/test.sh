@@ -18,8 +18,9 @@
 #     alone keeps the 2-core CI machine about half idle (vmstat over a whole run: 47 % idle):
 #     its tests wait on leases, due times, sleeps and children starting, so a second lane
 #     fills that time.
-#  2. The tests marked `solo` (pyproject.toml), one lane at a time (not the combos lane's): the ones that keep every
-#     core busy on purpose, kill children on a clock, run several hosts or restart a server.
+#  2. The tests marked `solo` (pyproject.toml), one lane at a time, and not in the combos
+#     lane (test-combos.sh): the ones that keep every core busy on purpose, kill children
+#     on a clock, run several hosts or restart a server.
 #     Beside another lane they measure that lane, not themselves: three lanes at once once
 #     stretched every lane about 3 times (stop 43's CI, 3,012 s against 2,824 s in a row)
 #     and two chaos tests timed out, their children killed faster than a loaded machine
