@@ -187,14 +187,25 @@ def execution(worker: str, obj) -> Execution:
     return Execution.objects.get(worker=worker, source_id=source_key(registry[worker], obj))
 
 
-def claim(worker: str, limit: int = 1, claimer: str = "test:1", **bridge_options) -> list:
-    """Claim rows through a Bridge of its own, as another coordinator would."""
+def claim(worker: str, limit: int = 1, claimer: str = "test:1", *, contended: bool = False,
+          **bridge_options) -> list:
+    """Claim rows through a Bridge of its own, as another coordinator would.
+
+    ``contended``: a claim that loses a deadlock or a lock wait to another claim is made
+    again, as the coordinator's loop does (races of many claimers on a loaded machine: a
+    claim may wait past LOCK_WAIT_SECONDS for the one holding the worker's lock row)."""
     from django_dbworker.registration.registry import registry
     from django_dbworker.store.bridge import Bridge
 
     bridge = Bridge(**bridge_options)
     try:
-        return bridge.claim(registry[worker], limit, claimer)
+        for attempt in range(10):
+            try:
+                return bridge.claim(registry[worker], limit, claimer)
+            except Exception as exc:
+                if not (contended and bridge.vendor.is_deadlock(exc)) or attempt == 9:
+                    raise
+        raise AssertionError("unreachable")
     finally:
         bridge.close()
 
