@@ -114,6 +114,10 @@ run_phase() {
   if [ "$at_once" -le 1 ]; then
     for name in "${names[@]}"; do
       local t0; t0=$(date +%s)
+      # What else uses the machine as a lane starts alone: the solo lanes of CI have taken
+      # twice as long as on an idle machine (SQLite's 369 s against 179 s), cause unknown.
+      echo "[$(elapsed)s] before $name ($marks): $(uptime)"
+      ps -eo pcpu,etime,args --sort=-pcpu 2>/dev/null | head -6 | cut -c1-160
       lane "$name" "$marks" "${ARGS[@]}"
       rc_of[$phase:$name]=$?; took_of[$phase:$name]=$(( $(date +%s) - t0 ))
     done
