@@ -80,6 +80,25 @@ def test_pending_counts_until_the_task_starts_and_pending_or_running_until_it_en
     assert tasks.sync_customer.enqueue(None).id != tasks.sync_customer.enqueue(None).id
 
 
+def test_within_its_window_a_task_holds_its_key_whatever_it_became():
+    """within=10 min: finished, failed or running, the task enqueued less than 10 minutes
+    ago is what every enqueue of its key returns; past the window, an enqueue adds one."""
+    first = tasks.notify.enqueue("w")
+    assert drain(DEFAULT)["finished"] == 1
+    again = tasks.notify.enqueue("w")
+    assert again.id == first.id and again.status == TaskResultStatus.SUCCESSFUL
+    Execution.objects.filter(pk=execution_of(first).pk).update(status="failed")
+    assert tasks.notify.enqueue("w").id == first.id
+    assert tasks.notify.enqueue("v").id != first.id  # (another key: its own window)
+    # Enqueued 10 minutes and a second ago: the window has passed.
+    Task.objects.filter(pk=first.id).update(
+        enqueued_at=timezone.now() - timedelta(minutes=10, seconds=1))
+    later = tasks.notify.enqueue("w")
+    assert later.id != first.id and later.status == TaskResultStatus.READY
+    drain(DEFAULT)
+    assert effects("task.notify") == {"w": 2, "v": 1}
+
+
 def test_a_failed_task_no_longer_holds_its_key():
     first = tasks.refresh.enqueue("fails")
     Execution.objects.filter(pk=execution_of(first).pk).update(status="failed")
@@ -210,6 +229,8 @@ def test_a_debounce_that_meets_a_claim_adds_a_task_rather_than_change_the_runnin
     ({"key": "customer"}, "key must be a function"),
     ({"debounce": 0}, "debounce must be a positive number"),
     ({"debounce": 5, "among": "pending_or_running"}, 'debounce needs among="pending"'),
+    ({"within": -1}, "within must be a positive number"),
+    ({"within": 60, "debounce": 5}, "use debounce or within, not both"),
 ])
 def test_bad_declarations_are_refused_naming_the_fix(options, message):
     with pytest.raises(ImproperlyConfigured, match=message):

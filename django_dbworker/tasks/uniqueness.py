@@ -8,6 +8,9 @@ it" or "it does not: add a task and hold the key with it" is exact on every host
 never a check and then an insert: the row is created by an insert that skips an existing
 one, then locked, then read.
 
+Within a window (``within=``): the held task also counts for that long after it was
+enqueued, whatever it became (finished, failed): at most one task per key per window.
+
 Debounced (``debounce=``): the held task, while it has not started, takes the new
 arguments and runs ``debounce`` after the latest enqueue. Its Execution is postponed by an
 UPDATE guarded by its status, so a claim that took it first leaves the update nothing to
@@ -47,6 +50,7 @@ class UniqueRule:
     key: Callable[..., Any] | None  # None: the arguments themselves
     among: Among
     debounce: timedelta | None
+    within: timedelta | None = None  # the held task counts this long after its enqueue
 
     def key_of(self, task_path: str, args: list[Any], kwargs: dict[str, Any],
                original: tuple[Any, Any]) -> str | None:
@@ -64,14 +68,16 @@ _rules: dict[str, UniqueRule] = {}
 
 
 def unique(*, key: Callable[..., Any] | None = None, among: Among = "pending",
-           debounce: timedelta | float | None = None) -> Callable[[Any], Any]:
+           debounce: timedelta | float | None = None,
+           within: timedelta | float | None = None) -> Callable[[Any], Any]:
     """Enqueue a task at most once per key: ``@unique(key=lambda order_id, **_: order_id)``
     above ``@task()``. While a task with the key is ``among`` (``"pending"``: not started;
     ``"pending_or_running"``: not finished), ``enqueue()`` returns that task's result
     instead of adding one. ``key`` receives the task's arguments; without it the arguments
     themselves are the key. ``debounce`` (seconds or a timedelta): the pending task takes
-    the latest arguments and runs that long after the latest enqueue. Returns the task
-    unchanged."""
+    the latest arguments and runs that long after the latest enqueue. ``within`` (seconds
+    or a timedelta): the task also holds its key that long after it was enqueued, whatever
+    it became: at most one task per key per window. Returns the task unchanged."""
 
     def decorate(task: Any) -> Any:
         path = getattr(task, "module_path", None)
@@ -84,24 +90,29 @@ def unique(*, key: Callable[..., Any] | None = None, among: Among = "pending",
         if key is not None and not callable(key):
             raise ImproperlyConfigured(f"{where}: key must be a function of the task's "
                                        "arguments (or left out: the arguments are the key).")
-        window = _debounce(where, debounce)
+        window = _duration(where, "debounce", debounce)
         if window is not None and among != "pending":
             raise ImproperlyConfigured(
                 f"{where}: debounce needs among=\"pending\" (a running task has the old "
                 "arguments, so a later enqueue must add a task).")
-        _rules[path] = UniqueRule(key=key, among=among, debounce=window)
+        held_for = _duration(where, "within", within)
+        if held_for is not None and window is not None:
+            raise ImproperlyConfigured(
+                f"{where}: use debounce or within, not both (a debounce's last arguments "
+                "would be dropped by a finished task that still holds the key).")
+        _rules[path] = UniqueRule(key=key, among=among, debounce=window, within=held_for)
         return task
 
     return decorate
 
 
-def _debounce(where: str, value: Any) -> timedelta | None:
+def _duration(where: str, option: str, value: Any) -> timedelta | None:
     if value is None:
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
         value = timedelta(seconds=value)
     if not isinstance(value, timedelta) or value.total_seconds() <= 0:
-        raise ImproperlyConfigured(f"{where}: debounce must be a positive number of seconds "
+        raise ImproperlyConfigured(f"{where}: {option} must be a positive number of seconds "
                                    "or a timedelta.")
     return value
 
@@ -163,6 +174,12 @@ def enqueue(database: str, rule: UniqueRule, key: str, fields: dict[str, Any]) -
                     args=fields["args"], kwargs=fields["kwargs"], run_after=run_after)
                 held.args, held.kwargs, held.run_after = fields["args"], fields["kwargs"], run_after
                 return Enqueued(held, added=False, execution=execution)
+        if held is not None and rule.within is not None and held.enqueued_at > (
+                timezone.now() - rule.within):
+            # Inside its window the task holds the key whatever it became. (Its enqueue
+            # time is the enqueuing process's clock, as django.tasks defines it, compared
+            # with this process's: hosts' clocks must agree to well within the window.)
+            return Enqueued(held, added=False, execution=execution)
         if rule.debounce is not None:
             fields = {**fields, "run_after": _debounced(rule.debounce)}
         row = TaskRow.objects.using(database).create(id=uuid.uuid4(), **fields)

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import time
+from datetime import timedelta
 
 from django.db import transaction
 
@@ -164,6 +165,13 @@ def sync_customer(customer, sleep=0.0):
     if sleep:
         time.sleep(sleep)
     effect("task.sync_customer", customer)
+
+
+@unique(key=lambda key, **_: key, within=timedelta(minutes=10))  # one per key per 10 min
+@task()
+def notify(key):
+    effect("task.notify", key)
+    return key
 
 
 @unique(key=lambda key, *_, **__: key, debounce=0.4)  # the last arguments run, once
