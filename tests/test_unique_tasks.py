@@ -90,9 +90,11 @@ def test_within_its_window_a_task_holds_its_key_whatever_it_became():
     Execution.objects.filter(pk=execution_of(first).pk).update(status="failed")
     assert tasks.notify.enqueue("w").id == first.id
     assert tasks.notify.enqueue("v").id != first.id  # (another key: its own window)
-    # Enqueued 10 minutes and a second ago: the window has passed.
-    Task.objects.filter(pk=first.id).update(
-        enqueued_at=timezone.now() - timedelta(minutes=10, seconds=1))
+    # Made 10 minutes and a second ago by the database's clock: the window has passed.
+    from django_dbworker.vendors import for_connection
+
+    ago = for_connection(connections["default"]).now_expression(-601)
+    Execution.objects.filter(pk=execution_of(first).pk).update(created_at=ago)
     later = tasks.notify.enqueue("w")
     assert later.id != first.id and later.status == TaskResultStatus.READY
     drain(DEFAULT)

@@ -9,7 +9,8 @@ never a check and then an insert: the row is created by an insert that skips an 
 one, then locked, then read.
 
 Within a window (``within=``): the held task also counts for that long after it was
-enqueued, whatever it became (finished, failed): at most one task per key per window.
+enqueued (its Execution's created_at against the database's now), whatever it became
+(finished, failed): at most one task per key per window.
 
 Debounced (``debounce=``): the held task, while it has not started, takes the new
 arguments and runs ``debounce`` after the latest enqueue. Its Execution is postponed by an
@@ -174,17 +175,25 @@ def enqueue(database: str, rule: UniqueRule, key: str, fields: dict[str, Any]) -
                     args=fields["args"], kwargs=fields["kwargs"], run_after=run_after)
                 held.args, held.kwargs, held.run_after = fields["args"], fields["kwargs"], run_after
                 return Enqueued(held, added=False, execution=execution)
-        if held is not None and rule.within is not None and held.enqueued_at > (
-                timezone.now() - rule.within):
-            # Inside its window the task holds the key whatever it became. (Its enqueue
-            # time is the enqueuing process's clock, as django.tasks defines it, compared
-            # with this process's: hosts' clocks must agree to well within the window.)
+        if execution is not None and rule.within is not None and _in_window(
+                database, on.vendor, execution.pk, rule.within):
             return Enqueued(held, added=False, execution=execution)
         if rule.debounce is not None:
             fields = {**fields, "run_after": _debounced(rule.debounce)}
         row = TaskRow.objects.using(database).create(id=uuid.uuid4(), **fields)
         TaskUniqueKey.objects.using(database).filter(pk=holder.pk).update(task_id=row.pk)
         return Enqueued(row, added=True)
+
+
+def _in_window(database: str, vendor: Any, execution_id: int, within: timedelta) -> bool:
+    """Whether the task's Execution was made less than ``within`` ago, both times the
+    database's: the insert trigger wrote its created_at, in the enqueue's transaction, and
+    hosts' clocks never take part. Inside its window a task holds its key whatever it
+    became."""
+    from ..models import Execution
+
+    since = vendor.now_expression(-within.total_seconds())
+    return Execution.objects.using(database).filter(pk=execution_id, created_at__gt=since).exists()
 
 
 def _source_id(database: str, pk: uuid.UUID) -> str:
